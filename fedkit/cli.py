@@ -1,0 +1,126 @@
+"""The ``fedkit`` command line: run, validate, plugins, recipes."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedkit import plugins as plugin_registry
+from fedkit import recipes, rundir
+from fedkit.checks import check_recipe
+from fedkit.errors import FedkitError, PluginError
+from fedkit.recipe import load_recipe
+from fedkit.report import RichReporter, summary_table
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    help="Federated representation learning and clustered FL, composed from plugins.",
+)
+console = Console()
+errors = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def friendly_errors() -> Iterator[None]:
+    """Bad input → message and exit code 2; a plugin's exception → named, exit code 1."""
+    try:
+        yield
+    except FedkitError as exc:
+        errors.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    except PluginError as exc:
+        errors.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        cause = exc.__cause__
+        if cause is not None:
+            import traceback
+
+            errors.print("".join(traceback.format_exception(cause)), highlight=False,
+                         markup=False)
+        raise typer.Exit(1) from None
+
+
+SetOption = Annotated[
+    list[str] | None, typer.Option("--set", "-s", help="Override a recipe key: a.b=value.")
+]
+
+
+@app.command()
+def run(
+    recipe: Annotated[str | None, typer.Argument(help="Recipe file or shipped name.")] = None,
+    set_: SetOption = None,
+    out: Annotated[Path | None, typer.Option(help="Run directory.")] = None,
+    resume: Annotated[Path | None, typer.Option(help="Continue the run in DIR.")] = None,
+) -> None:
+    """Run a recipe (or resume a run) and write its run directory."""
+    with friendly_errors():
+        if resume is not None:
+            if recipe is not None or set_:
+                raise FedkitError("--resume takes the run directory only (no recipe, no --set)")
+            the_run, done = rundir.resume(resume)
+            out = resume
+            console.print(f"resuming {resume} after round {done}")
+        else:
+            if recipe is None:
+                raise FedkitError("give a recipe (file or shipped name) or --resume DIR")
+            path = recipes.resolve(recipe)
+            parsed = load_recipe(path, set_ or [])
+            check_recipe(parsed)
+            out = out or rundir.default_out(path.stem)
+            the_run, done = rundir.start(parsed, out), 0
+        for name in the_run.plugins.uploads_data_derived():
+            errors.print(f"[yellow]warning:[/] plugin {name!r} uploads data-derived tensors "
+                         "(features or statistics of client data); the ledger counts them")
+        rounds = the_run.recipe.federation.rounds
+        with RichReporter(console, rounds, done) as reporter:
+            summary = rundir.execute(the_run, out, done, reporter)
+        console.print(summary_table(summary, str(out)))
+
+
+@app.command()
+def validate(
+    recipe: Annotated[str, typer.Argument(help="Recipe file or shipped name.")],
+    set_: SetOption = None,
+) -> None:
+    """Check a recipe without running it."""
+    with friendly_errors():
+        path = recipes.resolve(recipe)
+        parsed = load_recipe(path, set_ or [])
+        active = check_recipe(parsed)
+        console.print(f"{path}: ok — plugins {', '.join(active.names)}, "
+                      f"{parsed.federation.rounds} rounds, {parsed.data.num_clients} clients")
+
+
+@app.command("plugins")
+def list_plugins() -> None:
+    """List installed plugins: package, hooks, and whether they upload data-derived tensors."""
+    table = Table(title="fedkit plugins")
+    for column in ("plugin", "package", "hooks", "data-derived uploads", "summary"):
+        table.add_column(column)
+    for name, ep in plugin_registry.discover().items():
+        info = plugin_registry.describe(ep)
+        table.add_row(name, f"{info.package} {info.version}", ", ".join(info.hooks),
+                      "yes" if info.uploads_data_derived else "no", info.summary)
+    console.print(table)
+
+
+@app.command("recipes")
+def list_recipes() -> None:
+    """List shipped recipes with their one-line descriptions."""
+    table = Table(title="shipped recipes")
+    table.add_column("recipe")
+    table.add_column("description")
+    for name, path in recipes.shipped().items():
+        table.add_row(name, recipes.describe(path))
+    console.print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(app())

@@ -1,0 +1,373 @@
+"""Image data sets loaded whole into memory as uint8 tensors.
+
+Federated runs index the same images many times per round, so every split is decoded
+once into an ``N×3×H×W`` uint8 tensor (4× smaller than float) and normalised per batch.
+Grayscale sets are replicated to three channels so any backbone fits every data set.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from fedkit.errors import RecipeError, did_you_mean
+from fedkit.recipe import DataConfig
+
+DATASETS = (
+    "digits",
+    "cifar10",
+    "cifar100",
+    "stl10",
+    "mnist",
+    "emnist",
+    "fashion_mnist",
+    "svhn",
+    "imagefolder",
+)
+SPLITS = ("train", "test", "unlabeled")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+STL10_CLASSES = "airplane bird car cat deer dog horse monkey ship truck".split()
+_RESIZE_CHUNK = 4096
+
+Triple = tuple[float, float, float]
+Stats = tuple[Triple, Triple]
+
+
+@dataclass
+class ImageSet:
+    """Images (uint8, N×3×H×W), labels (int64, -1 when unlabelled) and normalisation stats."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: list[str]
+    mean: Triple
+    std: Triple
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def subset(self, idx) -> ImageSet:
+        """The images at ``idx`` (a copy), sharing classes and normalisation stats."""
+        idx = _index(idx)
+        return ImageSet(self.images[idx], self.labels[idx], self.classes, self.mean, self.std)
+
+    def normalized(self, idx=None, device=None) -> torch.Tensor:
+        """Float32 ``(x/255 - mean)/std`` for ``idx`` (all when None), on ``device``.
+
+        The uint8 images move to the device before conversion, so a transfer costs a
+        quarter of the float one.
+        """
+        x = self.images if idx is None else self.images[_index(idx)]
+        x = x.to(device).float().div_(255.0)
+        mean = torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, device=x.device).view(1, 3, 1, 1)
+        return x.sub_(mean).div_(std)
+
+
+def _index(idx) -> torch.Tensor:
+    """Indices or a boolean mask (list, array or tensor) as a CPU int64 index tensor."""
+    array = idx.cpu().numpy() if isinstance(idx, torch.Tensor) else np.asarray(idx)
+    if array.dtype == np.bool_:
+        array = np.flatnonzero(array)
+    return torch.from_numpy(array.astype(np.int64, copy=False).reshape(-1))
+
+
+@dataclass
+class _Raw:
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: list[str]
+
+
+def load_split(cfg: DataConfig, split: str) -> ImageSet:
+    """Load one split ("train", "test"; "unlabeled" for stl10) of ``cfg.dataset``.
+
+    Normalisation stats always come from the train split, so train and test of one data
+    set are normalised identically; loading "test" alone therefore also reads the train
+    split (use ``load_splits`` to read both once).
+    """
+    _check_name(cfg.dataset)
+    if split not in _splits_of(cfg.dataset):
+        raise ValueError(f"split must be one of {_splits_of(cfg.dataset)}, not {split!r}")
+    train = _load_limited(cfg, "train")
+    if split == "train":
+        return _with_stats(train, _stats(train))
+    return _with_stats(_load_limited(cfg, split), _stats(train))
+
+
+def load_splits(cfg: DataConfig) -> tuple[ImageSet, ImageSet]:
+    """Load the train and test splits of ``cfg.dataset`` with the train split's stats."""
+    _check_name(cfg.dataset)
+    train = _load_limited(cfg, "train")
+    stats = _stats(train)
+    return _with_stats(train, stats), _with_stats(_load_limited(cfg, "test"), stats)
+
+
+def balanced_subset(labels: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+    """Sorted indices of ``n`` items spread over the classes as evenly as they allow.
+
+    Items are ranked within their class in a seeded random order and taken rank by rank
+    across classes, so a small class gives all it has and the rest come from the others.
+    """
+    labels = np.asarray(labels)
+    if n >= len(labels):
+        return np.arange(len(labels))
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(labels))
+    shuffled = labels[order]
+    rank = np.empty(len(labels), dtype=np.int64)
+    for c in np.unique(labels):
+        members = np.flatnonzero(shuffled == c)
+        rank[members] = np.arange(len(members))
+    picked = order[np.lexsort((shuffled, rank))[:n]]
+    return np.sort(picked)
+
+
+def _check_name(name: str) -> None:
+    if name not in DATASETS:
+        raise RecipeError(
+            "data.dataset",
+            "one of " + ", ".join(DATASETS),
+            name,
+            hint=did_you_mean(name, DATASETS),
+        )
+
+
+def _splits_of(name: str) -> tuple[str, ...]:
+    return SPLITS if name == "stl10" else SPLITS[:2]
+
+
+def _load_limited(cfg: DataConfig, split: str) -> _Raw:
+    """Load a split, keeping a class-balanced subset when ``max_train``/``max_test`` is set."""
+    limit = cfg.max_test if split == "test" else cfg.max_train
+    if cfg.dataset == "imagefolder":
+        return _load_imagefolder(cfg, split, limit)
+    raw = _LOADERS[cfg.dataset](cfg, split)
+    if limit is not None and limit < len(raw.labels):
+        keep = torch.from_numpy(balanced_subset(raw.labels.numpy(), limit))
+        raw = _Raw(raw.images[keep], raw.labels[keep], raw.classes)
+    return _Raw(_resize(raw.images, cfg.image_size), raw.labels, raw.classes)
+
+
+def _stats(raw: _Raw) -> Stats:
+    """Per-channel mean and std on the 0..1 scale, from exact value histograms."""
+    values = torch.arange(256, dtype=torch.float64) / 255.0
+    mean, std = [], []
+    for c in range(3):
+        hist = torch.bincount(raw.images[:, c].reshape(-1), minlength=256).double()
+        p = hist / hist.sum().clamp_min(1.0)
+        m = float((p * values).sum())
+        mean.append(m)
+        std.append(max(float((p * (values - m) ** 2).sum()), 1e-12) ** 0.5)
+    return (mean[0], mean[1], mean[2]), (std[0], std[1], std[2])
+
+
+def _with_stats(raw: _Raw, stats: Stats) -> ImageSet:
+    return ImageSet(raw.images, raw.labels, raw.classes, *stats)
+
+
+def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear (antialiased) resize of uint8 N×3×H×W images to size×size, in chunks."""
+    if images.shape[-2:] == (size, size):
+        return images.contiguous()
+    out = torch.empty((images.shape[0], 3, size, size), dtype=torch.uint8)
+    for start in range(0, images.shape[0], _RESIZE_CHUNK):
+        chunk = images[start : start + _RESIZE_CHUNK].float()
+        resized = F.interpolate(
+            chunk, size=(size, size), mode="bilinear", align_corners=False, antialias=True
+        )
+        out[start : start + _RESIZE_CHUNK] = resized.round_().clamp_(0, 255).to(torch.uint8)
+    return out
+
+
+def _to_rgb(images: torch.Tensor) -> torch.Tensor:
+    """N×H×W grayscale to N×3×H×W by replicating the channel."""
+    return images.unsqueeze(1).expand(-1, 3, -1, -1).contiguous()
+
+
+def _load_digits(cfg: DataConfig, split: str) -> _Raw:
+    """scikit-learn's bundled 8×8 digits, split 80/20 stratified with seed 0."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    images = torch.from_numpy(np.round(bunch.images * (255.0 / 16.0)).astype(np.uint8))
+    labels = bunch.target.astype(np.int64)
+    train_idx, test_idx = train_test_split(
+        np.arange(len(labels)), test_size=0.2, stratify=labels, random_state=0
+    )
+    idx = torch.from_numpy(np.sort(train_idx if split == "train" else test_idx))
+    classes = [str(c) for c in bunch.target_names]
+    return _Raw(_to_rgb(images[idx]), torch.from_numpy(labels)[idx], classes)
+
+
+def _torchvision(cfg: DataConfig, factory: Callable[[str], Any]) -> Any:
+    """Build a torchvision data set; missing files and failed downloads become RecipeErrors."""
+    expected = f"a directory holding the {cfg.dataset} files (or set data.download: true)"
+    if cfg.root is None or (not cfg.download and not Path(cfg.root).expanduser().is_dir()):
+        raise RecipeError("data.root", expected, cfg.root)
+    try:
+        return factory(str(Path(cfg.root).expanduser()))
+    except RuntimeError as exc:
+        if cfg.download:
+            raise
+        raise RecipeError("data.root", expected, cfg.root, hint=f" ({exc})") from None
+    except OSError as exc:
+        if not cfg.download:
+            raise
+        raise RecipeError(
+            "data.download",
+            f"a reachable download of {cfg.dataset} (or its files already in data.root)",
+            hint=f" ({exc})",
+        ) from None
+
+
+def _load_cifar(cfg: DataConfig, split: str) -> _Raw:
+    from torchvision import datasets
+
+    cls = datasets.CIFAR10 if cfg.dataset == "cifar10" else datasets.CIFAR100
+    ds = _torchvision(cfg, lambda root: cls(root, train=split == "train", download=cfg.download))
+    images = torch.from_numpy(ds.data).permute(0, 3, 1, 2)
+    return _Raw(images, torch.as_tensor(ds.targets, dtype=torch.int64), list(ds.classes))
+
+
+def _load_stl10(cfg: DataConfig, split: str) -> _Raw:
+    from torchvision import datasets
+
+    ds = _torchvision(cfg, lambda root: datasets.STL10(root, split=split, download=cfg.download))
+    classes = list(getattr(ds, "classes", STL10_CLASSES))
+    return _Raw(torch.from_numpy(ds.data), torch.from_numpy(ds.labels.astype(np.int64)), classes)
+
+
+def _load_svhn(cfg: DataConfig, split: str) -> _Raw:
+    from torchvision import datasets
+
+    ds = _torchvision(cfg, lambda root: datasets.SVHN(root, split=split, download=cfg.download))
+    labels = torch.from_numpy(ds.labels.astype(np.int64))
+    return _Raw(torch.from_numpy(ds.data), labels, [str(c) for c in range(10)])
+
+
+def _load_mnist_like(cfg: DataConfig, split: str) -> _Raw:
+    """MNIST, Fashion-MNIST and EMNIST (balanced; stored transposed, so turned upright)."""
+    from torchvision import datasets
+
+    train = split == "train"
+    if cfg.dataset == "emnist":
+        ds = _torchvision(
+            cfg,
+            lambda root: datasets.EMNIST(
+                root, split="balanced", train=train, download=cfg.download
+            ),
+        )
+        images = ds.data.transpose(1, 2)
+    else:
+        cls = datasets.MNIST if cfg.dataset == "mnist" else datasets.FashionMNIST
+        ds = _torchvision(cfg, lambda root: cls(root, train=train, download=cfg.download))
+        images = ds.data
+    return _Raw(_to_rgb(images), ds.targets.to(torch.int64), list(ds.classes))
+
+
+_LOADERS: dict[str, Callable[[DataConfig, str], _Raw]] = {
+    "digits": _load_digits,
+    "cifar10": _load_cifar,
+    "cifar100": _load_cifar,
+    "stl10": _load_stl10,
+    "mnist": _load_mnist_like,
+    "emnist": _load_mnist_like,
+    "fashion_mnist": _load_mnist_like,
+    "svhn": _load_svhn,
+}
+
+
+def _folder_split(cfg: DataConfig, split: str) -> Path:
+    """The directory of one split: ``root/<split>``, or root itself as train when flat."""
+    if cfg.root is None or not Path(cfg.root).expanduser().is_dir():
+        raise RecipeError(
+            "data.root", "a directory of class folders (ImageFolder layout)", cfg.root
+        )
+    root = Path(cfg.root).expanduser()
+    if (root / split).is_dir():
+        return root / split
+    if split == "train" and not (root / "test").is_dir():
+        return root
+    raise RecipeError(
+        "data.root",
+        f"a directory with a {split}/ subfolder of class folders (ImageFolder layout)",
+        cfg.root,
+    )
+
+
+def _class_dirs(directory: Path) -> list[str]:
+    return sorted(e.name for e in os.scandir(directory) if e.is_dir())
+
+
+def _list_images(directory: Path, classes: list[str]) -> tuple[list[str], np.ndarray]:
+    """Image paths (sorted within each class) and their label indices."""
+    paths: list[str] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        folder = directory / name
+        if not folder.is_dir():
+            continue
+        files = sorted(
+            e.path
+            for e in os.scandir(folder)
+            if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS)
+        )
+        paths += files
+        labels += [label] * len(files)
+    return paths, np.asarray(labels, dtype=np.int64)
+
+
+def _read_image(path: str, size: int) -> np.ndarray:
+    """One image file as an RGB size×size×3 uint8 array (PIL bilinear resize if needed)."""
+    with Image.open(path) as image:
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        if image.size != (size, size):
+            image = image.resize((size, size), Image.Resampling.BILINEAR)
+        return np.asarray(image)
+
+
+def _load_imagefolder(cfg: DataConfig, split: str, limit: int | None) -> _Raw:
+    """Decode an ImageFolder split into memory; classes are the train split's folders.
+
+    The subset for ``limit`` is chosen from the file list, so only kept files are decoded.
+    """
+    classes = _class_dirs(_folder_split(cfg, "train"))
+    directory = _folder_split(cfg, split)
+    unknown = sorted(set(_class_dirs(directory)) - set(classes))
+    if unknown:
+        raise RecipeError(
+            "data.root",
+            f"the same class folders in {split}/ as in train/",
+            str(directory),
+            hint=f" (not in train/: {', '.join(unknown)})",
+        )
+    paths, labels = _list_images(directory, classes)
+    if not paths:
+        raise RecipeError("data.root", f"image files in class folders of {directory}", cfg.root)
+    if limit is not None and limit < len(paths):
+        keep = balanced_subset(labels, limit)
+        paths, labels = [paths[i] for i in keep], labels[keep]
+    size = cfg.image_size
+    images = np.empty((len(paths), size, size, 3), dtype=np.uint8)
+    for i, path in enumerate(paths):
+        try:
+            images[i] = _read_image(path, size)
+        except OSError as exc:
+            raise RecipeError("data.root", "readable image files", path, hint=f" ({exc})") from None
+    tensor = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+    return _Raw(tensor, torch.from_numpy(labels), classes)

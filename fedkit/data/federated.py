@@ -1,0 +1,109 @@
+"""The federated view of a data set: clients' train and local test indices, server split.
+
+Everything is index arrays into one shared train and one shared test ``ImageSet``, so a
+run with many clients holds each image once. All randomness comes from streams spawned
+from the run seed, so a seed fixes the whole layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedkit.data.datasets import ImageSet, load_splits
+from fedkit.data.partition import partition
+from fedkit.errors import RecipeError
+from fedkit.recipe import DataConfig
+
+
+@dataclass
+class FederatedData:
+    """Shared train/test sets and who holds which indices."""
+
+    train: ImageSet
+    test: ImageSet
+    clients: list[np.ndarray]
+    client_tests: list[np.ndarray]
+    server: np.ndarray
+    groups: list[int] | None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.train.classes)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    def client_sizes(self) -> list[int]:
+        return [len(c) for c in self.clients]
+
+
+def build_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
+    """Load ``cfg.dataset``, hold out the server split, partition, draw local test sets."""
+    train, test = load_splits(cfg)
+    return split_federated(train, test, cfg, seed)
+
+
+def split_federated(train: ImageSet, test: ImageSet, cfg: DataConfig, seed: int) -> FederatedData:
+    """The federated layout over already loaded sets (deterministic from ``seed``)."""
+    server_rng, partition_rng, test_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    )
+    labels = train.labels.numpy()
+    n_server = int(round(cfg.server_fraction * len(labels)))
+    server = stratified_sample(labels, n_server, server_rng)
+    rest = np.setdiff1d(np.arange(len(labels)), server)
+    if cfg.num_clients > len(rest):
+        raise RecipeError(
+            "data.num_clients",
+            f"at most {len(rest)} (the train images left for clients after the server split)",
+            cfg.num_clients,
+        )
+    split = partition(labels[rest], cfg, partition_rng)
+    clients = [rest[c] for c in split.clients]
+    test_labels = test.labels.numpy()
+    client_tests = [
+        local_test_indices(labels[c], test_labels, cfg.local_test_size, test_rng) for c in clients
+    ]
+    return FederatedData(train, test, clients, client_tests, server, split.groups)
+
+
+def stratified_sample(labels: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Sorted indices of ``n`` items keeping the class proportions of ``labels``."""
+    classes, counts = np.unique(labels, return_counts=True)
+    quotas = _allocate(counts / counts.sum(), n) if n > 0 else np.zeros(len(classes), np.int64)
+    picked = [
+        rng.choice(np.flatnonzero(labels == c), size=min(q, k), replace=False)
+        for c, q, k in zip(classes, quotas, counts, strict=True)
+    ]
+    return np.sort(np.concatenate(picked).astype(np.int64)) if picked else np.empty(0, np.int64)
+
+
+def local_test_indices(
+    client_labels: np.ndarray, test_labels: np.ndarray, size: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``size`` test indices whose class mix follows the client's train labels.
+
+    Drawn without replacement within the client; a class with fewer test images than its
+    share gives all it has, so the set can come out smaller than ``size``.
+    """
+    classes, counts = np.unique(client_labels, return_counts=True)
+    if len(classes) == 0:
+        return np.empty(0, np.int64)
+    quotas = _allocate(counts / counts.sum(), size)
+    picked = []
+    for c, quota in zip(classes, quotas, strict=True):
+        members = np.flatnonzero(test_labels == c)
+        picked.append(rng.choice(members, size=min(int(quota), len(members)), replace=False))
+    return np.sort(np.concatenate(picked).astype(np.int64))
+
+
+def _allocate(shares: np.ndarray, n: int) -> np.ndarray:
+    """Split ``n`` by ``shares`` into integers summing to ``n`` (largest remainder)."""
+    exact = shares * n
+    quotas = np.floor(exact).astype(np.int64)
+    short = n - int(quotas.sum())
+    quotas[np.argsort(-(exact - quotas), kind="stable")[:short]] += 1
+    return quotas

@@ -1,0 +1,68 @@
+"""User-facing errors: each names where the problem is and what was expected.
+
+The CLI turns any ``FedkitError`` into a one-paragraph message and exit code 2, with no
+traceback. Bugs (and exceptions raised inside plugins) are not ``FedkitError``s.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ' (did you mean "x"?)' for the closest choice, or '' when none is close."""
+    match = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f' (did you mean "{match[0]}"?)' if match else ""
+
+
+class FedkitError(Exception):
+    """Bad input from the user: a recipe, an option, a path. Exit code 2, no traceback."""
+
+
+class RecipeError(FedkitError):
+    """A recipe value is wrong: names the file, the key path, what was expected and found."""
+
+    def __init__(
+        self,
+        key: str,
+        expected: str,
+        found: object = None,
+        *,
+        file: str | None = None,
+        hint: str = "",
+    ) -> None:
+        self.file, self.key, self.expected, self.found, self.hint = file, key, expected, found, hint
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = f"{self.file}: " if self.file else ""
+        found = "" if self.found is None else f", found {self.found!r}"
+        return f"{where}{self.key}: expected {self.expected}{found}{self.hint}"
+
+    def in_file(self, file: str) -> RecipeError:
+        """Attach the recipe file name (errors raised deep inside do not know it)."""
+        self.file = self.file or file
+        self.args = (self._render(),)
+        return self
+
+
+class PluginError(Exception):
+    """An exception raised inside a plugin hook, re-raised naming the plugin and the hook."""
+
+    def __init__(self, plugin: str, hook: str, cause: BaseException) -> None:
+        self.plugin, self.hook = plugin, hook
+        super().__init__(
+            f"plugin {plugin!r} failed in hook {hook!r}: {type(cause).__name__}: {cause}"
+        )
+
+
+class ClaimConflict(FedkitError):
+    """Two active plugins claimed the same key in one key-level hook."""
+
+    def __init__(self, hook: str, key: str, first: str, second: str) -> None:
+        super().__init__(
+            f"plugins {first!r} and {second!r} both claim key {key!r} in hook {hook!r}; "
+            "a key can be handled by one plugin only: remove one of them from the recipe "
+            "or change its options"
+        )

@@ -1,0 +1,117 @@
+"""Building blocks for local training: batches, optimisers, the per-round lr schedule,
+and the supervised cross-entropy loop that supervised plugins share."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedkit.data.datasets import ImageSet
+from fedkit.models.backbones import logits
+from fedkit.recipe import FederationConfig
+
+
+def batches(
+    data: ImageSet,
+    batch_size: int,
+    *,
+    generator: torch.Generator | None = None,
+    shuffle: bool = True,
+    drop_last: bool = False,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Yield (uint8 images, labels) mini-batches from an in-memory image set."""
+    n = len(data)
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    stop = n - n % batch_size if drop_last and n >= batch_size else n
+    for start in range(0, stop, batch_size):
+        idx = order[start : start + batch_size]
+        yield data.images[idx], data.labels[idx]
+
+
+def normalize(images: Tensor, data: ImageSet) -> Tensor:
+    """uint8 N×3×H×W → float, scaled to 0..1 and standardised with the set's statistics."""
+    mean = torch.tensor(data.mean, device=images.device).view(1, -1, 1, 1)
+    std = torch.tensor(data.std, device=images.device).view(1, -1, 1, 1)
+    return (images.float() / 255.0 - mean) / std
+
+
+def round_lr(cfg: FederationConfig, round: int) -> float:
+    """The learning rate for a (1-based) round: constant, or cosine decay across rounds."""
+    base = cfg.optimizer.lr
+    if cfg.lr_schedule.name == "cosine":
+        return 0.5 * base * (1.0 + math.cos(math.pi * (round - 1) / cfg.rounds))
+    return base
+
+
+def make_optimizer(
+    params: Iterable[nn.Parameter], cfg: FederationConfig, round: int
+) -> torch.optim.Optimizer:
+    """The recipe's optimiser at this round's learning rate."""
+    opt, lr = cfg.optimizer, round_lr(cfg, round)
+    if opt.name == "sgd":
+        return torch.optim.SGD(
+            params, lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay
+        )
+    if opt.name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=opt.weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=opt.weight_decay)
+
+
+def train_supervised(
+    model: nn.ModuleDict,
+    data: ImageSet,
+    cfg: FederationConfig,
+    round: int,
+    *,
+    device: torch.device,
+    generator: torch.Generator,
+    params: Iterable[nn.Parameter] | None = None,
+    epochs: int | None = None,
+) -> dict[str, float]:
+    """Cross-entropy on encoder → classifier; returns the mean loss over the last epoch.
+
+    ``params`` restricts what is optimised (a frozen encoder, say); by default everything.
+    """
+    model.train()
+    optimizer = make_optimizer(params if params is not None else model.parameters(), cfg, round)
+    loss_sum, count = 0.0, 0
+    for _ in range(epochs or cfg.local_epochs):
+        loss_sum, count = 0.0, 0
+        for x, y in batches(data, cfg.batch_size, generator=generator, drop_last=cfg.drop_last):
+            x, y = normalize(x.to(device), data), y.to(device)
+            if len(y) < 2 and any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
+                continue
+            loss = F.cross_entropy(logits(model, x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item() * len(y)
+            count += len(y)
+    return {"loss": loss_sum / max(count, 1)}
+
+
+@torch.no_grad()
+def supervised_loss(model: nn.ModuleDict, data: ImageSet, device: torch.device) -> float:
+    """Mean cross-entropy of a model on a whole image set, in eval mode (no update)."""
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in batches(data, 512, shuffle=False):
+        out = logits(model, normalize(x.to(device), data))
+        total += F.cross_entropy(out, y.to(device), reduction="sum").item()
+        count += len(y)
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def accuracy(model: nn.ModuleDict, data: ImageSet, device: torch.device) -> float:
+    """Top-1 accuracy of encoder → classifier on an image set."""
+    model.eval()
+    correct = 0
+    for x, y in batches(data, 512, shuffle=False):
+        pred = logits(model, normalize(x.to(device), data)).argmax(1)
+        correct += (pred.cpu() == y).sum().item()
+    return correct / max(len(data), 1)

@@ -1,0 +1,1 @@
+"""fedkit's built-in plugins, each registered through the ``fedkit`` entry-point group."""

@@ -1,0 +1,172 @@
+"""Partitioners on synthetic label arrays: coverage, disjointness, determinism, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedkit.data.partition import PARTITIONERS, Partition, partition, register_partitioner
+from fedkit.errors import RecipeError
+from fedkit.recipe import DataConfig
+
+
+def _labels(per_class: int = 100, num_classes: int = 10, seed: int = 1) -> np.ndarray:
+    labels = np.repeat(np.arange(num_classes), per_class)
+    return np.random.default_rng(seed).permutation(labels)
+
+
+def _split(labels, name, num_clients=10, seed=0, **params) -> Partition:
+    cfg = DataConfig(num_clients=num_clients, partition={"name": name, **params})
+    return partition(labels, cfg, np.random.default_rng(seed))
+
+
+CASES = [
+    ("iid", {}),
+    ("dirichlet", {"alpha": 0.5}),
+    ("classes_per_client", {"k": 2}),
+]
+
+
+def _check_disjoint_sorted(part: Partition) -> np.ndarray:
+    joined = np.concatenate(part.clients)
+    assert len(np.unique(joined)) == len(joined)
+    for c in part.clients:
+        assert c.dtype == np.int64
+        assert np.all(np.diff(c) > 0)
+    return joined
+
+
+@pytest.mark.parametrize(("name", "params"), CASES)
+def test_partition_covers_all_disjointly(name, params):
+    labels = _labels()
+    part = _split(labels, name, **params)
+    assert len(part.clients) == 10
+    joined = _check_disjoint_sorted(part)
+    assert sorted(joined.tolist()) == list(range(len(labels)))
+
+
+@pytest.mark.parametrize(("name", "params"), CASES)
+def test_partition_is_deterministic_from_the_rng(name, params):
+    labels = _labels()
+    first, again = _split(labels, name, **params), _split(labels, name, **params)
+    other = _split(labels, name, seed=1, **params)
+    assert all(np.array_equal(a, b) for a, b in zip(first.clients, again.clients, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(first.clients, other.clients, strict=True))
+
+
+def test_iid_sizes_differ_by_at_most_one():
+    sizes = [len(c) for c in _split(_labels(), "iid", num_clients=7).clients]
+    assert sum(sizes) == 1000
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_dirichlet_respects_min_size():
+    part = _split(_labels(), "dirichlet", alpha=0.05, min_size=20)
+    assert min(len(c) for c in part.clients) >= 20
+
+
+def test_dirichlet_unreachable_min_size_is_a_clear_error():
+    with pytest.raises(RecipeError, match="data.partition.min_size"):
+        _split(_labels(), "dirichlet", alpha=0.001, min_size=99)
+    with pytest.raises(RecipeError, match="at most 100"):
+        _split(_labels(), "dirichlet", alpha=1.0, min_size=101)
+
+
+def test_classes_per_client_one_owner_per_class():
+    labels = _labels()
+    part = _split(labels, "classes_per_client", num_clients=5, k=2)
+    held = [set(np.unique(labels[c]).tolist()) for c in part.clients]
+    assert all(len(h) == 2 for h in held)
+    assert sorted(c for h in held for c in h) == list(range(10))
+    assert [set(c) for c in part.client_classes] == held
+
+
+def test_classes_per_client_shares_classes_in_equal_shards():
+    labels = _labels()
+    part = _split(labels, "classes_per_client", num_clients=10, k=3)
+    held = [np.unique(labels[c]).tolist() for c in part.clients]
+    assert all(len(h) == 3 for h in held)
+    uses = np.bincount([c for h in held for c in h], minlength=10)
+    assert uses.tolist() == [3] * 10
+    for c in part.clients:
+        counts = np.bincount(labels[c])
+        assert set(counts[counts > 0].tolist()) <= {33, 34}
+
+
+def test_cluster_groups_matches_the_cp_cfl_setup():
+    labels = _labels(per_class=600)
+    part = _split(labels, "cluster_groups", num_clients=60)
+    _check_disjoint_sorted(part)
+    assert part.groups == [0] * 20 + [1] * 20 + [2] * 20
+    expected = {0: [0, 1, 2, 3], 1: [3, 4, 5, 6], 2: [6, 7, 8, 9]}
+    rows = set()
+    for client, group in zip(part.clients, part.groups, strict=True):
+        counts = np.bincount(labels[client], minlength=10)
+        assert len(client) == 50
+        assert np.flatnonzero(counts).tolist() == expected[group]
+        assert sorted(counts[expected[group]].tolist()) == [5, 5, 20, 20]
+        rows.add(tuple(counts.tolist()))
+    assert len(rows) > 3
+
+
+def test_cluster_groups_reports_how_many_images_it_needs():
+    with pytest.raises(RecipeError, match="class 3 needs 500 images"):
+        _split(_labels(per_class=300), "cluster_groups", num_clients=60)
+
+
+def test_cluster_groups_validates_its_parameters():
+    with pytest.raises(RecipeError, match="data.partition.per_class"):
+        _split(_labels(), "cluster_groups", num_clients=6, per_class=[20, 5])
+    with pytest.raises(RecipeError, match="data.partition.classes_per_group"):
+        _split(_labels(), "cluster_groups", num_clients=6, classes_per_group=5, per_class=[1] * 5)
+    with pytest.raises(RecipeError, match="data.partition.overlap"):
+        _split(_labels(), "cluster_groups", num_clients=6, overlap=4)
+
+
+def test_unknown_partitioner_suggests_the_closest_name():
+    with pytest.raises(RecipeError) as info:
+        _split(_labels(), "dirichlett", alpha=0.5)
+    assert info.value.key == "data.partition.name"
+    assert 'did you mean "dirichlet"' in str(info.value)
+
+
+def test_unknown_parameter_lists_the_accepted_ones():
+    with pytest.raises(RecipeError) as info:
+        _split(_labels(), "dirichlet", alpah=0.5)
+    assert info.value.key == "data.partition.alpah"
+    assert "alpha, min_size" in str(info.value)
+    assert 'did you mean "alpha"' in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "key"),
+    [
+        ("dirichlet", {}, "data.partition.alpha"),
+        ("dirichlet", {"alpha": -1}, "data.partition.alpha"),
+        ("dirichlet", {"alpha": "big"}, "data.partition.alpha"),
+        ("classes_per_client", {"k": 11}, "data.partition.k"),
+        ("classes_per_client", {"k": 1.5}, "data.partition.k"),
+        ("iid", {"k": 2}, "data.partition.k"),
+    ],
+)
+def test_bad_parameters_name_the_key(name, params, key):
+    with pytest.raises(RecipeError) as info:
+        _split(_labels(), name, **params)
+    assert info.value.key == key
+
+
+def test_too_many_clients_is_an_error():
+    with pytest.raises(RecipeError, match="data.num_clients"):
+        _split(_labels(per_class=1), "iid", num_clients=11)
+
+
+def test_registered_partitioner_is_dispatched():
+    @register_partitioner("halves_test")
+    def halves(labels, num_clients, rng, first=True):
+        return Partition([np.arange(len(labels) // 2), np.arange(len(labels) // 2, len(labels))])
+
+    try:
+        part = _split(_labels(), "halves_test", num_clients=2, first=False)
+        assert [len(c) for c in part.clients] == [500, 500]
+    finally:
+        del PARTITIONERS["halves_test"]
