@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -63,7 +64,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def prepare(recipe: Recipe, plugins: Plugins | None = None) -> Run:
+def prepare(recipe: Recipe, plugins: Plugins | None = None, out: Path | None = None) -> Run:
     """Build data, clients, plugins and the initial pool: everything before round 1."""
     plugins = plugins or Plugins(recipe)
     if recipe.federation.clients_per_round > recipe.data.num_clients:
@@ -77,8 +78,9 @@ def prepare(recipe: Recipe, plugins: Plugins | None = None) -> Run:
     server = Server(recipe, data, device)
     clients = [
         Client(i, data.train.subset(tr), data.test.subset(te), device)
-        for i, (tr, te) in enumerate(zip(data.clients, data.client_tests))
+        for i, (tr, te) in enumerate(zip(data.clients, data.client_tests, strict=True))
     ]
+    server.clients, server.store, server.out = clients, MemoryStore(), out
     plugins.hook.configure(recipe=recipe, server=server)
     private = {p for parts in plugins.hook.private_parts(recipe=recipe) for p in parts or []}
     seed_everything(derive(recipe.seed, "init"))
@@ -90,7 +92,7 @@ def prepare(recipe: Recipe, plugins: Plugins | None = None) -> Run:
         )
     server.set_pool(models, private)
     model = copy.deepcopy(server.template).to(device)
-    return Run(recipe, plugins, server, clients, MemoryStore(), model)
+    return Run(recipe, plugins, server, clients, server.store, model)
 
 
 def sample_clients(recipe: Recipe, round: int) -> list[int]:

@@ -218,7 +218,7 @@ def load_raw(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RecipeError("(file)", f"valid YAML{where}", str(exc).splitlines()[0], file=file)
+        raise RecipeError("(file)", f"valid YAML{where}", str(exc).splitlines()[0], file=file) from None
     if raw is None:
         raise RecipeError("(top level)", "a mapping of recipe sections", "an empty file", file=file)
     if not isinstance(raw, dict):

@@ -40,8 +40,8 @@ def start(recipe: Recipe, out: Path) -> Run:
     """Prepare a fresh run and lay out its directory (refuses to overwrite a run)."""
     if (out / RECIPE).exists():
         raise FedkitError(f"{out} already holds a run; use --resume {out} or another --out")
-    run = prepare(recipe)
     out.mkdir(parents=True, exist_ok=True)
+    run = prepare(recipe, out=out)
     write_text(out / RECIPE, dump_recipe(recipe))
     save_partition(partition_table(run.server.data), out / "partition.json")
     return run
@@ -51,7 +51,7 @@ def resume(out: Path) -> tuple[Run, int]:
     """Rebuild a run from its directory and restore its newest checkpoint."""
     if not (out / RECIPE).is_file():
         raise FedkitError(f"{out}: no {RECIPE} here; expected a run directory to resume")
-    run = prepare(load_recipe(out / RECIPE))
+    run = prepare(load_recipe(out / RECIPE), out=out)
     done = checkpoint.load(run, out) if checkpoint.latest_round(out) else 0
     run.history = [row for row in read_metrics(out) if row["round"] <= done]
     return run, done

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,6 +14,7 @@ from fedkit.client import Client
 from fedkit.data.federated import FederatedData
 from fedkit.ledger import Ledger
 from fedkit.recipe import Recipe
+from fedkit.state_store import StateStore
 
 
 @dataclass
@@ -32,7 +34,9 @@ class Server:
     """Holds the pool of cluster states (shared keys only) and run-wide context.
 
     ``state`` (JSON values) and ``tensors`` (server-only tensors such as a pre-trained
-    encoder) are for plugins and are checkpointed with the pool.
+    encoder) are for plugins and are checkpointed with the pool. ``clients`` and
+    ``store`` (every client's last tensors) are there for evaluation; ``out`` is the run
+    directory, or ``None`` for runs without one.
     """
 
     def __init__(self, recipe: Recipe, data: FederatedData, device: torch.device) -> None:
@@ -44,6 +48,9 @@ class Server:
         self.state: dict[str, Any] = {}
         self.tensors: dict[str, Tensor] = {}
         self.round = 0
+        self.clients: list[Client] = []
+        self.store: StateStore | None = None
+        self.out: Path | None = None
         self._sent: set[tuple[int, int, int]] = set()
 
     def set_pool(self, models: list[nn.ModuleDict], private: set[str]) -> None:
