@@ -41,11 +41,13 @@ def save(run: Run, root: Path, round: int) -> Path:
     """Write the state after ``round`` and point ``latest.json`` at it."""
     folder = root / "checkpoints" / f"round-{round:04d}"
     server = run.server
-    write_safetensors(folder / "pool.safetensors",
-                      _flatten({str(i): s for i, s in enumerate(server.pool)}))
+    write_safetensors(
+        folder / "pool.safetensors", _flatten({str(i): s for i, s in enumerate(server.pool)})
+    )
     write_safetensors(folder / "server.safetensors", server.tensors)
-    write_safetensors(folder / "clients.safetensors",
-                      _flatten({str(c): s for c, s in run.store.items()}))
+    write_safetensors(
+        folder / "clients.safetensors", _flatten({str(c): s for c, s in run.store.items()})
+    )
     sidecar = {
         "format": FORMAT,
         "round": round,

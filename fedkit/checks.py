@@ -19,18 +19,30 @@ from fedkit.recipe import Recipe
 def check_data(recipe: Recipe) -> None:
     data = recipe.data
     if data.dataset not in DATASETS:
-        raise RecipeError("data.dataset", "one of " + ", ".join(DATASETS), data.dataset,
-                          hint=did_you_mean(data.dataset, DATASETS))
+        raise RecipeError(
+            "data.dataset",
+            "one of " + ", ".join(DATASETS),
+            data.dataset,
+            hint=did_you_mean(data.dataset, DATASETS),
+        )
     if data.dataset != "digits" and not data.download:
         if data.root is None:
-            raise RecipeError("data.root", f"a directory holding the {data.dataset} files",
-                              None, hint=" (or set data.download: true)")
+            raise RecipeError(
+                "data.root",
+                f"a directory holding the {data.dataset} files",
+                None,
+                hint=" (or set data.download: true)",
+            )
         if not Path(data.root).expanduser().is_dir():
             raise RecipeError("data.root", "an existing directory", data.root)
     name = data.partition.name
     if name not in PARTITIONERS:
-        raise RecipeError("data.partition.name", "one of " + ", ".join(sorted(PARTITIONERS)),
-                          name, hint=did_you_mean(name, PARTITIONERS))
+        raise RecipeError(
+            "data.partition.name",
+            "one of " + ", ".join(sorted(PARTITIONERS)),
+            name,
+            hint=did_you_mean(name, PARTITIONERS),
+        )
     check_params(name, PARTITIONERS[name], data.partition.params)
 
 
@@ -38,9 +50,11 @@ def check_recipe(recipe: Recipe) -> Plugins:
     """Every check that needs no training; returns the activated plugins."""
     fed = recipe.federation
     if fed.clients_per_round > recipe.data.num_clients:
-        raise RecipeError("federation.clients_per_round",
-                          f"at most data.num_clients ({recipe.data.num_clients})",
-                          fed.clients_per_round)
+        raise RecipeError(
+            "federation.clients_per_round",
+            f"at most data.num_clients ({recipe.data.num_clients})",
+            fed.clients_per_round,
+        )
     if not recipe.plugins:
         raise RecipeError("plugins", "at least one plugin (e.g. [fedavg])", [])
     check_backbone_name(recipe.backbone.name)

@@ -20,7 +20,9 @@ from fedkit.recipe import load_recipe
 from fedkit.report import RichReporter, summary_table
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
     help="Federated representation learning and clustered FL, composed from plugins.",
 )
 console = Console()
@@ -41,8 +43,7 @@ def friendly_errors() -> Iterator[None]:
         if cause is not None:
             import traceback
 
-            errors.print("".join(traceback.format_exception(cause)), highlight=False,
-                         markup=False)
+            errors.print("".join(traceback.format_exception(cause)), highlight=False, markup=False)
         raise typer.Exit(1) from None
 
 
@@ -75,8 +76,10 @@ def run(
             out = out or rundir.default_out(path.stem)
             the_run, done = rundir.start(parsed, out), 0
         for name in the_run.plugins.uploads_data_derived():
-            errors.print(f"[yellow]warning:[/] plugin {name!r} uploads data-derived tensors "
-                         "(features or statistics of client data); the ledger counts them")
+            errors.print(
+                f"[yellow]warning:[/] plugin {name!r} uploads data-derived tensors "
+                "(features or statistics of client data); the ledger counts them"
+            )
         rounds = the_run.recipe.federation.rounds
         with RichReporter(console, rounds, done) as reporter:
             summary = rundir.execute(the_run, out, done, reporter)
@@ -93,8 +96,10 @@ def validate(
         path = recipes.resolve(recipe)
         parsed = load_recipe(path, set_ or [])
         active = check_recipe(parsed)
-        console.print(f"{path}: ok — plugins {', '.join(active.names)}, "
-                      f"{parsed.federation.rounds} rounds, {parsed.data.num_clients} clients")
+        console.print(
+            f"{path}: ok — plugins {', '.join(active.names)}, "
+            f"{parsed.federation.rounds} rounds, {parsed.data.num_clients} clients"
+        )
 
 
 @app.command("plugins")
@@ -105,8 +110,13 @@ def list_plugins() -> None:
         table.add_column(column)
     for name, ep in plugin_registry.discover().items():
         info = plugin_registry.describe(ep)
-        table.add_row(name, f"{info.package} {info.version}", ", ".join(info.hooks),
-                      "yes" if info.uploads_data_derived else "no", info.summary)
+        table.add_row(
+            name,
+            f"{info.package} {info.version}",
+            ", ".join(info.hooks),
+            "yes" if info.uploads_data_derived else "no",
+            info.summary,
+        )
     console.print(table)
 
 

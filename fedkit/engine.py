@@ -87,7 +87,8 @@ def prepare(recipe: Recipe, plugins: Plugins | None = None, out: Path | None = N
     models = plugins.hook.init_models(server=server)
     if not models:
         raise RecipeError(
-            "plugins", "a plugin that builds the model (implements init_models), e.g. fedavg",
+            "plugins",
+            "a plugin that builds the model (implements init_models), e.g. fedavg",
             plugins.names,
         )
     server.set_pool(models, private)
@@ -151,8 +152,9 @@ def train_client(run: Run, client: Client, cluster: int) -> tuple[Upload, dict[s
     run.model.load_state_dict({k: merged[k] for k in local})
     stats = run.hook.local_train(client=client, model=run.model, server=server)
     if stats is None:
-        raise RecipeError("plugins", "a plugin that trains clients (implements local_train)",
-                          plugins.names)
+        raise RecipeError(
+            "plugins", "a plugin that trains clients (implements local_train)", plugins.names
+        )
     after = {k: v.detach() for k, v in run.model.state_dict().items()}
     run.store.put(client.id, after)
     chosen = plugins.claims("upload_selection", client=client, server=server, local=after)

@@ -135,7 +135,7 @@ class Recipe(Section):
             if isinstance(item, str):
                 specs.append({"name": item})
             elif isinstance(item, dict) and len(item) == 1 and "name" not in item:
-                (name, options), = item.items()
+                ((name, options),) = item.items()
                 specs.append({"name": name, "options": options or {}})
             else:
                 specs.append(item)
@@ -218,7 +218,8 @@ def load_raw(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RecipeError("(file)", f"valid YAML{where}", str(exc).splitlines()[0], file=file) from None
+        problem = str(exc).splitlines()[0]
+        raise RecipeError("(file)", f"valid YAML{where}", problem, file=file) from None
     if raw is None:
         raise RecipeError("(top level)", "a mapping of recipe sections", "an empty file", file=file)
     if not isinstance(raw, dict):

@@ -31,8 +31,11 @@ def describe(path: Path) -> str:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError:
         return "(not valid YAML)"
-    return str(raw.get("description", "")).strip().splitlines()[0] if isinstance(
-        raw, dict) and raw.get("description") else ""
+    return (
+        str(raw.get("description", "")).strip().splitlines()[0]
+        if isinstance(raw, dict) and raw.get("description")
+        else ""
+    )
 
 
 def resolve(name: str) -> Path:
@@ -44,5 +47,9 @@ def resolve(name: str) -> Path:
     stem = path.name.removesuffix(".yaml")
     if stem in recipes and path.parent == Path("."):
         return recipes[stem]
-    raise RecipeError("(file)", "a recipe file or the name of a shipped recipe (`fedkit recipes`)",
-                      name, hint=did_you_mean(stem, recipes))
+    raise RecipeError(
+        "(file)",
+        "a recipe file or the name of a shipped recipe (`fedkit recipes`)",
+        name,
+        hint=did_you_mean(stem, recipes),
+    )

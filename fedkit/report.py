@@ -8,8 +8,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-SHOWN = ("train_loss", "test_accuracy", "personalized_accuracy", "knn_accuracy",
-         "linear_accuracy", "ari")
+SHOWN = (
+    "train_loss",
+    "test_accuracy",
+    "personalized_accuracy",
+    "knn_accuracy",
+    "linear_accuracy",
+    "ari",
+)
 
 
 def human_bytes(n: float) -> str:
@@ -39,8 +45,12 @@ class RichReporter:
     def __init__(self, console: Console, rounds: int, done: int = 0) -> None:
         self.console, self.rounds = console, rounds
         self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=console, transient=True,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
         )
         self.round_task = self.progress.add_task("rounds", total=rounds, completed=done)
         self.client_task = self.progress.add_task("clients", total=1)
@@ -53,8 +63,9 @@ class RichReporter:
         self.progress.stop()
 
     def round_started(self, round: int, clients: list[int]) -> None:
-        self.progress.reset(self.client_task, total=len(clients),
-                            description=f"round {round} clients")
+        self.progress.reset(
+            self.client_task, total=len(clients), description=f"round {round} clients"
+        )
 
     def client_done(self, round: int, client: int) -> None:
         self.progress.advance(self.client_task)

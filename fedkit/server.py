@@ -83,6 +83,7 @@ class Server:
     def model(self, cluster: int = 0) -> nn.ModuleDict:
         """A module with one cluster's state loaded (private parts from the template)."""
         model = copy.deepcopy(self.template)
-        model.load_state_dict({k: v for k, v in self.pool[cluster].items() if k in
-                               self.model_keys}, strict=False)
+        model.load_state_dict(
+            {k: v for k, v in self.pool[cluster].items() if k in self.model_keys}, strict=False
+        )
         return model.to(self.device).eval()

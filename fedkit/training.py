@@ -53,9 +53,7 @@ def make_optimizer(
     """The recipe's optimiser at this round's learning rate."""
     opt, lr = cfg.optimizer, round_lr(cfg, round)
     if opt.name == "sgd":
-        return torch.optim.SGD(
-            params, lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay
-        )
+        return torch.optim.SGD(params, lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
     if opt.name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=opt.weight_decay)
     return torch.optim.AdamW(params, lr=lr, weight_decay=opt.weight_decay)

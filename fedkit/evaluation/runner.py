@@ -31,9 +31,7 @@ def supervised_metrics(run: Run) -> dict[str, Any]:
     clients of their cluster model's accuracy on their own local test set."""
     server, cfg = run.server, run.recipe.evaluation
     models = [server.model(c) for c in range(len(server.pool))]
-    per_client = [
-        accuracy(models[c.cluster or 0], c.test, server.device) for c in run.clients
-    ]
+    per_client = [accuracy(models[c.cluster or 0], c.test, server.device) for c in run.clients]
     metrics: dict[str, Any] = {"personalized_accuracy": float(np.mean(per_client))}
     if len(models) == 1:
         test = _capped(server.data.test, cfg.max_eval, run.recipe.seed)
@@ -55,11 +53,26 @@ def representation_metrics(run: Run, protocol: str) -> dict[str, Any]:
     fte = extract_features(encoder, test.normalized(), device=server.device)
     classes = len(server.data.train.classes)
     if protocol == "knn":
-        acc = knn_accuracy(ftr, train.labels, fte, test.labels, classes,
-                           k=cfg.knn_k, temperature=cfg.knn_temperature)
+        acc = knn_accuracy(
+            ftr,
+            train.labels,
+            fte,
+            test.labels,
+            classes,
+            k=cfg.knn_k,
+            temperature=cfg.knn_temperature,
+        )
         return {"knn_accuracy": acc}
-    acc = linear_probe(ftr, train.labels, fte, test.labels, classes,
-                       epochs=cfg.linear_epochs, lr=cfg.linear_lr, seed=seed)
+    acc = linear_probe(
+        ftr,
+        train.labels,
+        fte,
+        test.labels,
+        classes,
+        epochs=cfg.linear_epochs,
+        lr=cfg.linear_lr,
+        seed=seed,
+    )
     return {"linear_accuracy": acc}
 
 
