@@ -1,4 +1,4 @@
-"""The default aggregation: FedAvg's mean weighted by client sample count."""
+"""The default aggregation: the mean weighted by client sample count."""
 
 from __future__ import annotations
 

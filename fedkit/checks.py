@@ -56,7 +56,7 @@ def check_recipe(recipe: Recipe) -> Plugins:
             fed.clients_per_round,
         )
     if not recipe.plugins:
-        raise RecipeError("plugins", "at least one plugin (e.g. [fedavg])", [])
+        raise RecipeError("plugins", "at least one plugin (see `fedkit plugins`)", [])
     check_backbone_name(recipe.backbone.name)
     check_data(recipe)
     return Plugins(recipe)

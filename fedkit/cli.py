@@ -15,8 +15,9 @@ from rich.table import Table
 from fedkit import plugins as plugin_registry
 from fedkit import recipes, rundir
 from fedkit.checks import check_recipe
-from fedkit.errors import FedkitError, PluginError
-from fedkit.recipe import load_recipe
+from fedkit.errors import FedkitError, PluginError, RecipeError
+from fedkit.plugins import Plugins
+from fedkit.recipe import Recipe, load_recipe
 from fedkit.report import RichReporter, summary_table
 
 app = typer.Typer(
@@ -35,16 +36,32 @@ def friendly_errors() -> Iterator[None]:
     try:
         yield
     except FedkitError as exc:
-        errors.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except PluginError as exc:
-        errors.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         cause = exc.__cause__
         if cause is not None:
             import traceback
 
             errors.print("".join(traceback.format_exception(cause)), highlight=False, markup=False)
         raise typer.Exit(1) from None
+
+
+@contextlib.contextmanager
+def naming_file(path: Path) -> Iterator[None]:
+    """Attach the recipe file to recipe errors raised by code that does not know it."""
+    try:
+        yield
+    except RecipeError as exc:
+        raise exc.in_file(str(path)) from None
+
+
+def load_checked(path: Path, overrides: list[str]) -> tuple[Recipe, Plugins]:
+    """Load, validate and check a recipe file; every error names the file."""
+    with naming_file(path):
+        recipe = load_recipe(path, overrides)
+        return recipe, check_recipe(recipe)
 
 
 SetOption = Annotated[
@@ -71,10 +88,10 @@ def run(
             if recipe is None:
                 raise FedkitError("give a recipe (file or shipped name) or --resume DIR")
             path = recipes.resolve(recipe)
-            parsed = load_recipe(path, set_ or [])
-            check_recipe(parsed)
+            parsed, _ = load_checked(path, set_ or [])
             out = out or rundir.default_out(path.stem)
-            the_run, done = rundir.start(parsed, out), 0
+            with naming_file(path):
+                the_run, done = rundir.start(parsed, out), 0
         for name in the_run.plugins.uploads_data_derived():
             errors.print(
                 f"[yellow]warning:[/] plugin {name!r} uploads data-derived tensors "
@@ -94,12 +111,32 @@ def validate(
     """Check a recipe without running it."""
     with friendly_errors():
         path = recipes.resolve(recipe)
-        parsed = load_recipe(path, set_ or [])
-        active = check_recipe(parsed)
+        parsed, active = load_checked(path, set_ or [])
         console.print(
             f"{path}: ok — plugins {', '.join(active.names)}, "
             f"{parsed.federation.rounds} rounds, {parsed.data.num_clients} clients"
         )
+
+
+@app.command("eval")
+def eval_(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory with a checkpoint.")],
+    protocol: Annotated[str, typer.Option(help="knn, linear or semi.")] = "linear",
+    dataset: Annotated[str | None, typer.Option(help="Evaluate on another data set.")] = None,
+    root: Annotated[str | None, typer.Option(help="That data set's directory.")] = None,
+    client: Annotated[int | None, typer.Option(help="A client's own encoder.")] = None,
+    set_: SetOption = None,
+) -> None:
+    """Evaluate a saved run's encoder (knn, linear or semi), also on another data set."""
+    import json
+
+    from fedkit.evaluation.offline import evaluate_run
+
+    with friendly_errors():
+        metrics = evaluate_run(
+            run_dir, protocol, dataset=dataset, root=root, overrides=set_ or [], client=client
+        )
+    print(json.dumps(metrics))
 
 
 @app.command("plugins")

@@ -88,7 +88,7 @@ def prepare(recipe: Recipe, plugins: Plugins | None = None, out: Path | None = N
     if not models:
         raise RecipeError(
             "plugins",
-            "a plugin that builds the model (implements init_models), e.g. fedavg",
+            "a plugin that builds the model (implements init_models; see `fedkit plugins`)",
             plugins.names,
         )
     server.set_pool(models, private)

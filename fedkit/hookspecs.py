@@ -12,7 +12,7 @@ Three kinds of hook:
   the plugin listed first is asked first.
 * **key-level** hooks (``update_client``, ``upload_selection``, ``aggregate``) let every
   plugin *claim* the state keys it handles by returning a ``{key: value}`` mapping. Keys
-  nobody claims get the FedAvg default. Two plugins claiming the same key is an error
+  nobody claims get the plain defaults (send, weighted mean, replace). Two plugins claiming the same key is an error
   naming both.
 """
 
@@ -74,8 +74,8 @@ def init_models(server: Server) -> list[nn.ModuleDict] | None:
     (private ones too). A pool of one model is plain federated learning; clustered methods
     return N models. Server-side pre-training belongs here too; put tensors the run must
     keep (a pre-trained encoder, say) in ``server.tensors`` so that checkpoints hold them.
-    Built-in default: none — a plugin must provide the model (``fedavg`` builds the
-    recipe's backbone with a classifier head via ``fedkit.models.build_classifier``).
+    Built-in default: none — a plugin must provide the model (a supervised plugin can
+    use ``fedkit.models.build_classifier``: the recipe's backbone plus a linear head).
 
     :param server: the server, with ``recipe``, ``data`` and ``device`` set.
     :returns: a list of ``torch.nn.ModuleDict`` (one per cluster), or ``None`` to pass.
@@ -87,7 +87,7 @@ def select_cluster(client: Client, server: Server) -> int | None:
     """Choose which model of the pool a sampled client works on this round.
 
     Called per sampled client per round, before ``update_client``. A plugin that looks at
-    several cluster models (IFCA evaluates all of them) fetches each with
+    several cluster models (lowest-loss selection evaluates all of them) fetches each with
     ``server.download(client, cluster)``, which records the bytes in the ledger once per
     cluster per round. Default (no plugin answers): cluster 0.
 

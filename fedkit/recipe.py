@@ -97,13 +97,23 @@ class PluginSpec(Section):
 class EvaluationConfig(Section):
     """Which protocol scores the model, and how often (0: only after the last round)."""
 
-    protocol: Literal["supervised", "knn", "linear", "none"] = "supervised"
+    protocol: Literal["supervised", "knn", "linear", "semi", "none"] = "supervised"
     every: int = Field(1, ge=0)
     knn_k: int = Field(200, gt=0)
     knn_temperature: float = Field(0.1, gt=0)
     linear_epochs: int = Field(200, gt=0)
     linear_lr: float = Field(3e-3, gt=0)
+    semi_fractions: list[float] = Field(default_factory=lambda: [0.01, 0.1])
+    semi_epochs: int = Field(100, gt=0)
+    semi_lr: float = Field(1e-3, gt=0)
     max_eval: int | None = Field(None, gt=0)
+
+    @field_validator("semi_fractions")
+    @classmethod
+    def _fractions(cls, value: list[float]) -> list[float]:
+        if not value or any(not 0.0 < f <= 1.0 for f in value):
+            raise ValueError("a non-empty list of label fractions in (0, 1]")
+        return value
 
 
 class EngineConfig(Section):
@@ -127,7 +137,7 @@ class Recipe(Section):
     @field_validator("plugins", mode="before")
     @classmethod
     def _plugin_shorthand(cls, value: Any) -> Any:
-        """Accept ``- fedu`` and ``- fedu: {mu: 0.4}`` as well as ``{name, options}``."""
+        """Accept ``- name`` and ``- name: {option: value}`` as well as ``{name, options}``."""
         if not isinstance(value, list):
             return value
         specs = []

@@ -154,7 +154,7 @@ def dirichlet(
 def classes_per_client(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, k: int
 ) -> Partition:
-    """FedU's non-IID split: each client holds ``k`` classes, classes used evenly.
+    """The label-skew non-IID split: each client holds ``k`` classes, classes used evenly.
 
     Clients take ``k`` consecutive classes from a seeded cyclic class order, so every class
     goes to the same number of clients (±1); a class held by several clients is cut into
@@ -188,7 +188,7 @@ def cluster_groups(
     per_class: Sequence[int] = (20, 20, 5, 5),
     overlap: int = 1,
 ) -> Partition:
-    """CP-CFL's set-up: client groups sharing a class set, with uneven per-class counts.
+    """The clustered set-up: client groups sharing a class set, with uneven per-class counts.
 
     Clients are split evenly into ``num_groups`` contiguous groups; group g holds the
     ``classes_per_group`` classes starting at ``g * (classes_per_group - overlap)``. Each

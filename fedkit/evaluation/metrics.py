@@ -1,4 +1,4 @@
-"""Classification and clustering metrics, plus CP-CFL's relevance score."""
+"""Classification and clustering metrics, plus the relevance score of a pre-training set."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def relevance_score(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
 ) -> float:
-    """CP-CFL relevance of two image sets: mean cosine similarity over all pairs of
+    """Relevance of two image sets: mean cosine similarity over all pairs of
     ``n`` encoded images drawn (seeded, without replacement) from each set."""
     g = torch.Generator().manual_seed(seed)
     ia = torch.randperm(images_a.shape[0], generator=g)[:n]

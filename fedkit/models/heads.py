@@ -1,4 +1,4 @@
-"""MLP heads: SSL projectors/predictors and CP-CFL classifier heads."""
+"""MLP heads: SSL projectors/predictors and classifier head variants."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def mlp(
 ) -> nn.Sequential:
     """Linear layers with BN+ReLU between them: in → hidden → [BN] → ReLU → … → out [→ BN].
 
-    ``layers`` counts Linear layers. ``mlp(d, 4096, 2048)`` is the FedU projector/predictor;
-    ``mlp(d, 512, 512, bn_last=True)`` is CP-CFL's BYOL projector.
+    ``layers`` counts Linear layers. ``mlp(d, 4096, 2048)`` is the METHODS.md projector/predictor of the BYOL family;
+    ``mlp(d, 512, 512, bn_last=True)`` is the small BYOL projector used for server pre-training.
     """
     if layers < 1:
         raise ValueError(f"layers must be >= 1, got {layers}")
@@ -40,7 +40,7 @@ def mlp(
 def classifier_head(
     in_dim: int, num_classes: int, variant: str = "c", hidden: int = 128
 ) -> nn.Sequential:
-    """CP-CFL classifier head θ_c: "c" is one Linear; "c-k" adds k Linear+ReLU layers first."""
+    """Classifier head θ_c: "c" is one Linear; "c-k" adds k Linear+ReLU layers first."""
     if variant not in CLASSIFIER_VARIANTS:
         raise ValueError(f"variant must be one of {CLASSIFIER_VARIANTS}, got {variant!r}")
     extra = 0 if variant == "c" else int(variant[2:])

@@ -29,7 +29,7 @@ def simsiam_loss(p: Tensor, z: Tensor) -> Tensor:
 
 
 def byol_symmetric(p1: Tensor, p2: Tensor, z1: Tensor, z2: Tensor) -> Tensor:
-    """ℓ(p1, z2) + ℓ(p2, z1): the two view orders summed (not averaged), as in FedU."""
+    """ℓ(p1, z2) + ℓ(p2, z1): the two view orders summed (not averaged), per METHODS.md."""
     return byol_loss(p1, z2) + byol_loss(p2, z1)
 
 
@@ -48,7 +48,7 @@ def nt_xent(
 
     Features are L2-normalised; for anchor i the positive is its other view and the
     negatives are the remaining 2N − 2 views plus every row of ``extra_negatives`` (M×D,
-    normalised here; e.g. FedCA's global dictionary). The extra negatives are treated as
+    normalised here; e.g. a global dictionary of client features). The extra negatives are treated as
     constants (detached): they come from other clients' models.
     """
     if z1.shape != z2.shape or z1.dim() != 2:

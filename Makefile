@@ -1,0 +1,35 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both create .venv
+# (when missing or when pyproject.toml changed) and install fedkit with its dev extra.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint format hooks-doc clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[dev]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/fedkit run quickstart --out runs/quickstart-demo-$$(date +%Y%m%d-%H%M%S)
+
+test: $(STAMP) lint
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+hooks-doc: $(STAMP)
+	$(BIN)/python -m fedkit.hookdocs docs/hooks.md
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

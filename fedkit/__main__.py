@@ -1,0 +1,5 @@
+"""``python -m fedkit`` runs the command line."""
+
+from fedkit.cli import main
+
+main()

@@ -1,0 +1,44 @@
+"""FedSimCLR: SimCLR on every client (NT-Xent over the 2N views), encoder + projector
+averaged by the core defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedkit_plugins._ssl_common import SSLOptions, online_parts, train_ssl
+from pydantic import Field
+from torch import Tensor, nn
+
+from fedkit import hookimpl
+from fedkit.client import Client
+from fedkit.server import Server
+from fedkit.ssl.losses import nt_xent
+
+
+class SimCLROptions(SSLOptions):
+    """Adds the NT-Xent temperature τ (0.1 by default; FedSSL's reference uses 0.07)."""
+
+    temperature: float = Field(0.1, gt=0)
+
+
+class FedSimCLR:
+    """FedSimCLR: NT-Xent locally; encoder and projector uploaded and replaced."""
+
+    Options = SimCLROptions
+
+    def __init__(self, options: SimCLROptions) -> None:
+        self.options = options
+
+    def loss(self, model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> Tensor:
+        """NT-Xent of the two views' projections at this run's temperature."""
+        z1 = model["projector"](model["encoder"](v1))
+        z2 = model["projector"](model["encoder"](v2))
+        return nt_xent(z1, z2, self.options.temperature)
+
+    @hookimpl
+    def init_models(self, server: Server) -> list[nn.ModuleDict]:
+        return [nn.ModuleDict(online_parts(server, self.options, predictor=False))]
+
+    @hookimpl
+    def local_train(self, client: Client, model: nn.ModuleDict, server: Server) -> dict[str, Any]:
+        return train_ssl(client, model, server, self.options, self.loss, ("encoder", "projector"))

@@ -1,0 +1,43 @@
+"""FedSimSiam: SimSiam on every client, encoder + projector + predictor all averaged.
+
+No target network and no EMA: the loss is ½·D(p1, sg z2) + ½·D(p2, sg z1) with
+D = −cos. Upload, aggregation and replacement are the core defaults (every part is
+shared), so DAPU can take over the predictor keys by being listed next to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedkit_plugins._ssl_common import SSLOptions, online_parts, train_ssl
+from torch import Tensor, nn
+
+from fedkit import hookimpl
+from fedkit.client import Client
+from fedkit.server import Server
+from fedkit.ssl.losses import simsiam_symmetric
+
+
+def simsiam_loss_fn(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> Tensor:
+    """½·D(p(z1), sg z2) + ½·D(p(z2), sg z1) on the online network alone."""
+    z1 = model["projector"](model["encoder"](v1))
+    z2 = model["projector"](model["encoder"](v2))
+    return simsiam_symmetric(model["predictor"](z1), model["predictor"](z2), z1, z2)
+
+
+class FedSimSiam:
+    """FedSimSiam: SimSiam locally; encoder, projector and predictor uploaded and replaced."""
+
+    Options = SSLOptions
+
+    def __init__(self, options: SSLOptions) -> None:
+        self.options = options
+
+    @hookimpl
+    def init_models(self, server: Server) -> list[nn.ModuleDict]:
+        return [nn.ModuleDict(online_parts(server, self.options, predictor=True))]
+
+    @hookimpl
+    def local_train(self, client: Client, model: nn.ModuleDict, server: Server) -> dict[str, Any]:
+        parts = ("encoder", "projector", "predictor")
+        return train_ssl(client, model, server, self.options, simsiam_loss_fn, parts)

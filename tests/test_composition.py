@@ -1,0 +1,145 @@
+"""Key-level composition: claims, defaults for unclaimed keys, conflicts, plugin errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import prepared
+
+from fedkit import hookimpl
+from fedkit.engine import aggregate_cluster, run_round
+from fedkit.errors import ClaimConflict, PluginError
+from fedkit.server import Upload
+
+
+class KeepClassifier:
+    """Claims the classifier keys in update_client: the client keeps its own head."""
+
+    @hookimpl
+    def update_client(self, client, server, received, local):
+        return {k: v for k, v in local.items() if k.startswith("classifier.")}
+
+
+class AlsoClassifier:
+    @hookimpl
+    def update_client(self, client, server, received, local):
+        return {"classifier.weight": local["classifier.weight"]}
+
+
+class PrivateHead:
+    """Declares the classifier private: never in the pool, never uploaded."""
+
+    @hookimpl
+    def private_parts(self, recipe):
+        return ["classifier"]
+
+
+class SendFeatures:
+    uploads_data_derived = True
+
+    @hookimpl
+    def upload_selection(self, client, server, local):
+        return {"features.mean": torch.ones(4), "encoder.conv1.0.weight": None}
+
+    @hookimpl
+    def aggregate(self, server, cluster, uploads):
+        return {"features.mean": torch.stack([u.tensors["features.mean"] for u in uploads]).sum(0)}
+
+
+class Broken:
+    @hookimpl
+    def round_end(self, server, metrics):
+        raise ValueError("boom")
+
+
+def recipe(*plugins, **overrides):
+    from conftest import tiny_recipe
+
+    return tiny_recipe(plugins=list(plugins), federation={"rounds": 1}, **overrides)
+
+
+class Recorder:
+    """Records the state each client starts local training from, and trains nothing."""
+
+    def __init__(self):
+        self.seen = {}
+
+    @hookimpl
+    def local_train(self, client, model, server):
+        self.seen[client.id] = {k: v.clone() for k, v in model.state_dict().items()}
+        with torch.no_grad():
+            model["classifier"].bias.add_(client.id + 1.0)
+        return {"loss": 0.0}
+
+
+def test_unclaimed_keys_are_replaced_and_claimed_keys_kept():
+    rec = Recorder()
+    run = prepared(recipe("rec", "fedavg", "keep"), rec=rec, keep=KeepClassifier())
+    run_round(run, 1)
+    kept = {cid: run.store.get(cid) for cid in range(3)}
+    pool = {k: v.clone() for k, v in run.server.pool[0].items()}
+    run_round(run, 2)
+    for cid in range(3):
+        seen = rec.seen[cid]
+        assert torch.equal(seen["classifier.bias"], kept[cid]["classifier.bias"])
+        assert torch.equal(seen["encoder.conv1.0.weight"], pool["encoder.conv1.0.weight"])
+    # the server averaged the biases: initial + mean(1, 2, 3) weighted by sample counts
+    assert not torch.equal(run.server.pool[0]["classifier.bias"], pool["classifier.bias"])
+
+
+def test_conflicting_claims_name_both_plugins():
+    run = prepared(recipe("fedavg", "keep", "also"), keep=KeepClassifier(), also=AlsoClassifier())
+    with pytest.raises(ClaimConflict, match="'keep' and 'also'.*classifier.weight.*update_client"):
+        run_round(run, 1)
+
+
+def test_private_parts_stay_out_of_pool_and_uploads():
+    run = prepared(recipe("fedavg", "private"), private=PrivateHead())
+    assert not any(k.startswith("classifier.") for k in run.server.pool[0])
+    run_round(run, 1)
+    assert not any(k.startswith("classifier.") for k in run.server.pool[0])
+    assert all(k.startswith("classifier.") or k.startswith("encoder.")
+               for k in run.store.get(0))
+    rows = run.server.ledger.to_rows()
+    head = sum(v.numel() * 4 for k, v in run.store.get(0).items() if k.startswith("classifier."))
+    enc = sum(v.numel() * v.element_size() for k, v in run.server.pool[0].items())
+    assert head > 0 and all(r["up_model"] == enc for r in rows)
+
+
+def test_data_derived_uploads_are_counted_apart():
+    run = prepared(recipe("fedavg", "feats"), feats=SendFeatures())
+    run_round(run, 1)
+    rows = run.server.ledger.to_rows()
+    assert all(r["up_data"] == 4 * 4 for r in rows)
+    assert torch.equal(run.server.pool[0]["features.mean"], torch.full((4,), 3.0))
+    assert run.plugins.uploads_data_derived() == ["feats"]
+    # the kept-private key was not sent: the server still has its initial value
+    assert all(r["up_model"] < r["down_model"] for r in rows)
+
+
+def test_plugin_exception_names_plugin_and_hook():
+    run = prepared(recipe("fedavg", "broken"), broken=Broken())
+    with pytest.raises(PluginError, match="plugin 'broken' failed in hook 'round_end': ValueError"):
+        run_round(run, 1)
+
+
+def test_default_aggregation_is_weighted_mean_and_unclaimed_cluster_keeps_model():
+    run = prepared(recipe("fedavg"))
+    before = {k: v.clone() for k, v in run.server.pool[0].items()}
+    key = "classifier.bias"
+    ups = [
+        Upload(0, 1.0, {key: torch.zeros_like(before[key])}),
+        Upload(1, 3.0, {key: torch.full_like(before[key], 4.0)}),
+    ]
+    state = aggregate_cluster(run, 0, ups)
+    assert torch.allclose(state[key], torch.full_like(before[key], 3.0))
+    assert torch.equal(state["classifier.weight"], before["classifier.weight"])
+
+
+def test_trace_prints_hook_calls(monkeypatch, capsys):
+    monkeypatch.setenv("FEDKIT_TRACE_PLUGINS", "1")
+    run = prepared(recipe("fedavg"))
+    run_round(run, 1)
+    err = capsys.readouterr().err
+    assert "[fedkit] local_train -> fedavg" in err
+    assert "[fedkit] update_client" in err

@@ -1,0 +1,270 @@
+"""Behaviour of the self-supervised plugins: what each uploads, replaces and keeps
+private, their losses on known inputs, and the single-client baseline."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import prepared, tiny_recipe
+from fedkit_plugins._ssl_common import byol_loss_fn
+from fedkit_plugins.fedsimclr import FedSimCLR
+from fedkit_plugins.fedsimsiam import simsiam_loss_fn
+from torch import nn
+
+from fedkit import hookimpl
+from fedkit.engine import run_round
+from fedkit.ledger import tensor_bytes
+
+HEADS = {"projector_hidden": 16, "projection_dim": 8, "predictor_hidden": 16}
+TARGET = ("target_encoder.", "target_projector.")
+
+
+def ssl_recipe(*plugins, rounds: int = 2, **sections):
+    """A tiny SSL recipe: 3 clients on 120 digits images at 16×16, small heads."""
+    specs = []
+    for p in plugins:
+        name, options = (p, {}) if isinstance(p, str) else p
+        if name in ("fedbyol", "fedu", "fedsimsiam", "fedsimclr"):
+            options = {**HEADS, **options}
+        specs.append({name: options})
+    raw = tiny_recipe(
+        data={"max_train": 120, "partition": {"name": "classes_per_client", "k": 4}},
+        federation={"rounds": rounds, "batch_size": 16, "optimizer": {"name": "sgd", "lr": 0.05}},
+        plugins=specs,
+        evaluation={"protocol": "none", "every": 0},
+    )
+    for name, value in sections.items():
+        raw[name] = {**raw[name], **value}
+    return raw
+
+
+class Spy:
+    """Records the state each client starts training from and every round's uploads."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self.uploads: dict[int, list] = {}
+
+    @hookimpl
+    def local_train(self, client, model, server):
+        self.loaded[(server.round, client.id)] = {
+            k: v.detach().clone() for k, v in model.state_dict().items()
+        }
+
+    @hookimpl
+    def aggregate(self, server, cluster, uploads):
+        self.uploads[server.round] = uploads
+
+
+def spied(raw):
+    run = prepared(raw)
+    spy = Spy()
+    run.plugins.pm.register(spy, name="spy")
+    return run, spy
+
+
+def rounds(run, n):
+    return [run_round(run, r) for r in range(1, n + 1)]
+
+
+def same(a: dict, b: dict, keys) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in keys)
+
+
+def part(state: dict, prefix: str) -> list[str]:
+    return [k for k in state if k.startswith(prefix)]
+
+
+@pytest.mark.parametrize(
+    "plugins",
+    [
+        ["fedbyol"],
+        ["fedu", ("dapu", {"mu": 0.4})],
+        ["fedbyol", "dapu"],
+        ["fedsimsiam"],
+        ["fedsimclr"],
+    ],
+    ids=lambda p: "+".join(x if isinstance(x, str) else x[0] for x in p),
+)
+def test_plugins_train_end_to_end_with_knn_monitor(plugins):
+    raw = ssl_recipe(*plugins, evaluation={"protocol": "knn", "every": 1})
+    run = prepared(raw)
+    rows = rounds(run, 2)
+    assert all(math.isfinite(r["train_loss"]) for r in rows)
+    assert all(0.0 <= r["knn_accuracy"] <= 1.0 for r in rows)
+    assert rows[1]["bytes"]["up_model"] > 0
+
+
+def test_fedbyol_uploads_online_and_predictor_replaces_them_and_keeps_target():
+    run, spy = spied(ssl_recipe("fedbyol"))
+    rounds(run, 1)
+    kept = {cid: run.store.get(cid) for cid in range(3)}
+    run_round(run, 2)
+    template = run.server.template.state_dict()
+    shared = [k for k in template if not k.startswith(TARGET)]
+    targets = [k for k in template if k.startswith(TARGET)]
+    assert part(template, "predictor.") and targets
+    for up in spy.uploads[1]:
+        assert set(up.tensors) == set(shared)
+    assert set(run.server.pool[0]) == set(shared)
+    for cid in range(3):
+        first, second = spy.loaded[(1, cid)], spy.loaded[(2, cid)]
+        for k in part(first, "encoder.") + part(first, "projector."):
+            assert torch.equal(first["target_" + k], first[k])  # first participation: copy
+        assert same(second, run.clients[cid].received, shared)  # online + predictor replaced
+        assert same(second, kept[cid], targets)  # the client's own target, as it left round 1
+        assert not same(second, kept[cid], part(second, "encoder."))
+
+
+def test_fedbyol_target_is_an_ema_of_the_online_network():
+    raw = ssl_recipe("fedbyol", rounds=1)
+    raw["federation"].update(batch_size=64, local_epochs=1)
+    run = prepared(raw)
+    before = run.server.template.state_dict()
+    rounds(run, 1)
+    after = run.store.get(0)
+    assert len(run.clients[0].train) <= 64  # one optimiser step: one EMA update
+    params = {n for n, _ in run.server.template.named_parameters()}
+    for k in part(after, "encoder.") + part(after, "projector."):
+        if k in params:
+            expected = 0.99 * before[k] + 0.01 * after[k]
+            torch.testing.assert_close(after["target_" + k], expected)
+
+
+def test_fedu_ledger_counts_zero_target_bytes():
+    run, spy = spied(ssl_recipe("fedu", ("dapu", {"mu": 0.4})))
+    rounds(run, 2)
+    state = run.server.template.state_dict()
+    target_bytes = tensor_bytes(v for k, v in state.items() if k.startswith(TARGET))
+    shared_bytes = tensor_bytes(v for k, v in state.items() if not k.startswith(TARGET))
+    assert target_bytes > 0
+    for (_, _), row in run.server.ledger.rows.items():
+        assert row["up_model"] == shared_bytes
+        assert row["up_data"] == 0
+    for ups in spy.uploads.values():
+        for up in ups:
+            assert not any(k.startswith(TARGET) for k in up.tensors)
+
+
+def test_fedu_upload_target_sends_target_values_under_online_keys():
+    run, spy = spied(ssl_recipe(("fedu", {"upload": "target"}), rounds=1))
+    rounds(run, 1)
+    for up in spy.uploads[1]:
+        kept = run.store.get(up.client)
+        for k in part(kept, "encoder.") + part(kept, "projector."):
+            assert torch.equal(up.tensors[k], kept["target_" + k])
+        assert not any(k.startswith(TARGET) for k in up.tensors)
+
+
+@pytest.mark.parametrize("update", ["online", "target", "both"])
+def test_fedu_update_modes_replace_what_they_name(update):
+    run, spy = spied(ssl_recipe(("fedu", {"update": update})))
+    rounds(run, 1)
+    kept = {cid: run.store.get(cid) for cid in range(3)}
+    rounds_2 = run_round(run, 2)
+    assert math.isfinite(rounds_2["train_loss"])
+    for cid in range(3):
+        loaded, got = spy.loaded[(2, cid)], run.clients[cid].received
+        online = part(loaded, "encoder.") + part(loaded, "projector.")
+        target_from_global = all(torch.equal(loaded["target_" + k], got[k]) for k in online)
+        online_from_global = same(loaded, got, online)
+        assert online_from_global == (update in ("online", "both"))
+        assert same(loaded, kept[cid], online) == (update == "target")
+        assert target_from_global == (update in ("target", "both"))
+        targets = ["target_" + k for k in online]
+        assert same(loaded, kept[cid], targets) == (update == "online")
+
+
+def test_fedu_local_predictor_is_private():
+    run, spy = spied(ssl_recipe(("fedu", {"predictor": "local"})))
+    rounds(run, 1)
+    kept = {cid: run.store.get(cid) for cid in range(3)}
+    run_round(run, 2)
+    assert not part(run.server.pool[0], "predictor.")
+    for up in spy.uploads[1]:
+        assert not part(up.tensors, "predictor.")
+    for cid in range(3):
+        keys = part(kept[cid], "predictor.")
+        assert same(spy.loaded[(2, cid)], kept[cid], keys)
+
+
+@pytest.mark.parametrize("plugin", ["fedsimsiam", "fedsimclr"])
+def test_simsiam_and_simclr_share_every_part(plugin):
+    run, spy = spied(ssl_recipe(plugin))
+    rounds(run, 2)
+    keys = set(run.server.template.state_dict())
+    parts = {k.split(".", 1)[0] for k in keys}
+    assert parts == (
+        {"encoder", "projector", "predictor"}
+        if plugin == "fedsimsiam"
+        else {"encoder", "projector"}
+    )
+    for up in spy.uploads[1]:
+        assert set(up.tensors) == keys
+    for cid in range(3):
+        assert same(spy.loaded[(2, cid)], run.clients[cid].received, keys)
+
+
+class _Identity(nn.Module):
+    def forward(self, x):
+        return x
+
+
+def _identity_model(predictor: bool = True, target: bool = False) -> nn.ModuleDict:
+    names = ["encoder", "projector"] + (["predictor"] if predictor else [])
+    names += ["target_encoder", "target_projector"] if target else []
+    return nn.ModuleDict({n: _Identity() for n in names})
+
+
+V1 = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+V2 = torch.tensor([[1.0, 1.0], [0.0, -3.0]])
+
+
+def test_byol_loss_on_a_known_input():
+    # cos(v1, v2) per row: 1/sqrt(2) and -1; each term 2 - 2cos, two terms summed
+    per_row = [2 - 2 / math.sqrt(2), 2 + 2]
+    expected = 2 * sum(per_row) / 2
+    loss = byol_loss_fn(_identity_model(target=True), V1, V2)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_simsiam_loss_on_a_known_input():
+    expected = -(1 / math.sqrt(2) - 1) / 2
+    assert simsiam_loss_fn(_identity_model(), V1, V2).item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_simclr_loss_on_a_known_input_and_temperature_option():
+    plugin = FedSimCLR(FedSimCLR.Options(temperature=0.5))
+    z = torch.nn.functional.normalize(torch.cat([V1, V2]), dim=1)
+    sim = (z @ z.t() / 0.5).tolist()
+    total = 0.0
+    for i in range(4):
+        pos = (i + 2) % 4
+        denominator = sum(math.exp(sim[i][j]) for j in range(4) if j != i)
+        total += -math.log(math.exp(sim[i][pos]) / denominator)
+    loss = plugin.loss(_identity_model(predictor=False), V1, V2)
+    assert loss.item() == pytest.approx(total / 4, abs=1e-5)
+
+
+def test_single_client_sends_nothing_keeps_its_model_and_scores_clients():
+    raw = ssl_recipe("fedbyol", ("single_client", {"protocol": "knn"}))
+    run, spy = spied(raw)
+    rows = rounds(run, 2)
+    assert all(up.tensors == {} for ups in spy.uploads.values() for up in ups)
+    assert all(r["bytes"]["up_model"] == 0 for r in rows)
+    template = run.server.template.state_dict()
+    assert same(run.server.pool[0], template, run.server.pool[0])
+    scores = rows[-1]["client_knn_accuracy"]
+    assert len(scores) == 3
+    assert rows[-1]["knn_accuracy"] == pytest.approx(sum(scores) / 3)
+
+
+def test_single_client_round_two_starts_from_its_own_round_one_model():
+    run, spy = spied(ssl_recipe("fedsimsiam", "single_client"))
+    rounds(run, 1)
+    kept = {cid: run.store.get(cid) for cid in range(3)}
+    run_round(run, 2)
+    for cid in range(3):
+        assert same(spy.loaded[(2, cid)], kept[cid], kept[cid])
