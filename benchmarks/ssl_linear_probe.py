@@ -35,8 +35,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "plugins": [{"fedbyol": {}}, {"single_client": {}}],
         "protocol": "none",
     },
+    "FedCA (dictionary + alignment)": {
+        "plugins": [{"fedca": {}}],
+        "data": {"server_fraction": 0.1},
+    },
 }
-SHORT = dict(zip(["random", "central", "fedu", "fedbyol", "local", "single"], CONFIGS, strict=True))
+SHORT = dict(
+    zip(["random", "central", "fedu", "fedbyol", "local", "single", "fedca"], CONFIGS, strict=True)
+)
 
 
 def base_recipe(args: argparse.Namespace) -> dict[str, Any]:
@@ -78,12 +84,13 @@ def make_recipe(args: argparse.Namespace, name: str, seed: int) -> Recipe:
     for item in spec["plugins"]:
         ((plugin, options),) = item.items()
         options = dict(options)
-        if plugin in ("fedu", "fedbyol"):
+        if plugin in ("fedu", "fedbyol", "fedca"):
             options.update(heads, crop_scale=[args.crop_min, 1.0])
         if plugin == "dapu":
             options["mu"] = args.mu
         plugins.append({plugin: options})
     raw["plugins"] = plugins
+    raw["data"].update(spec.get("data", {}))
     if spec.get("central"):
         raw["data"].update(num_clients=1, partition={"name": "iid"})
         raw["federation"]["clients_per_round"] = 1
@@ -100,8 +107,11 @@ def run_config(args: argparse.Namespace, name: str, seed: int) -> dict[str, Any]
         acc = representation_metrics(run, "linear")["linear_accuracy"]
         return {"config": name, "seed": seed, "linear_accuracy": acc, "seconds": 0.0}
     row: dict[str, Any] = {}
+    decisions: dict[str, int] = {}
     for r in range(1, recipe.federation.rounds + 1):
         row = run_round(run, r)
+        for entry in row.get("dapu", {}).values():
+            decisions[entry["decision"]] = decisions.get(entry["decision"], 0) + 1
     result = {
         "config": name,
         "seed": seed,
@@ -110,6 +120,8 @@ def run_config(args: argparse.Namespace, name: str, seed: int) -> dict[str, Any]
         "seconds": round(time.perf_counter() - began, 1),
         "bytes_up": row["bytes"]["up_model"],
     }
+    if decisions:
+        result["dapu_decisions"] = decisions
     if "client_linear_accuracy" in row:
         result["client_linear_accuracy"] = row["client_linear_accuracy"]
     return result

@@ -15,6 +15,7 @@ from rich.table import Table
 from fedkit import plugins as plugin_registry
 from fedkit import recipes, rundir
 from fedkit.checks import check_recipe
+from fedkit.data.summary import partition_table, render_partition
 from fedkit.errors import FedkitError, PluginError, RecipeError
 from fedkit.plugins import Plugins
 from fedkit.recipe import Recipe, load_recipe
@@ -92,6 +93,8 @@ def run(
             out = out or rundir.default_out(path.stem)
             with naming_file(path):
                 the_run, done = rundir.start(parsed, out), 0
+            data = the_run.server.data
+            console.print(render_partition(partition_table(data), data.train.classes))
         for name in the_run.plugins.uploads_data_derived():
             errors.print(
                 f"[yellow]warning:[/] plugin {name!r} uploads data-derived tensors "

@@ -155,7 +155,7 @@ def train_client(run: Run, client: Client, cluster: int) -> tuple[Upload, dict[s
         raise RecipeError(
             "plugins", "a plugin that trains clients (implements local_train)", plugins.names
         )
-    after = {k: v.detach() for k, v in run.model.state_dict().items()}
+    after = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
     run.store.put(client.id, after)
     chosen = plugins.claims("upload_selection", client=client, server=server, local=after)
     sent = {k: v for k, v in after.items() if not is_private(k, server.private)}

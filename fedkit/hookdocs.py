@@ -33,7 +33,8 @@ def render() -> str:
     parts = [HEADER, inspect.getdoc(hookspecs) or "", "\n"]
     for name in hook_names():
         doc = inspect.getdoc(getattr(hookspecs, name)) or ""
-        parts.append(f"\n## `{name}`\n\n*Kind:* {kind(name)}\n\n```python\n{signature(name)}\n```\n")
+        head = f"\n## `{name}`\n\n*Kind:* {kind(name)}\n\n"
+        parts.append(f"{head}```python\n{signature(name)}\n```\n")
         parts.append(f"\n{doc}\n")
     return "".join(parts)
 

@@ -12,8 +12,8 @@ Three kinds of hook:
   the plugin listed first is asked first.
 * **key-level** hooks (``update_client``, ``upload_selection``, ``aggregate``) let every
   plugin *claim* the state keys it handles by returning a ``{key: value}`` mapping. Keys
-  nobody claims get the plain defaults (send, weighted mean, replace). Two plugins claiming the same key is an error
-  naming both.
+  nobody claims get the plain defaults (send, weighted mean, replace). Two plugins
+  claiming the same key is an error naming both.
 """
 
 from __future__ import annotations

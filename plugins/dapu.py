@@ -86,7 +86,7 @@ class DAPU:
         elif self.options.reference == "new_global":
             used = divergence(received, local)
         else:
-            used = client.state[STATE_KEY]
+            used = client.state.get(STATE_KEY)
         take_global = used is None or used < self.options.mu
         decision = "global" if take_global else "local"
         self._log(server, client, used=used, decision=decision)

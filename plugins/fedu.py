@@ -60,9 +60,10 @@ class FedU:
         names = [spec.name for spec in recipe.plugins]
         if self.options.predictor == "local" and "dapu" in names:
             raise RecipeError(
-                f"plugins.{names.index('fedu')}.fedu.predictor",
-                "global when dapu decides the predictor (dapu needs a shared predictor)",
-                "local",
+                "plugins",
+                "fedu's predictor option `global` when dapu decides the predictor "
+                "(dapu needs a shared predictor)",
+                "predictor: local",
             )
 
     @hookimpl

@@ -87,16 +87,27 @@ def test_third_party_plugin_is_listed_and_usable(tmp_path, write_recipe):
     site.mkdir()
     install_fake_package(site)
     env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    listed = subprocess.run([sys.executable, "-m", "fedkit", "plugins"], env=env,
-                            capture_output=True, text=True, timeout=120)
+    listed = subprocess.run(
+        [sys.executable, "-m", "fedkit", "plugins"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert listed.returncode == 0, listed.stderr
     line = next(ln for ln in listed.stdout.splitlines() if "shrink" in ln)
     assert "shrink-plugin 1.2.3" in line and "aggregate" in line
 
-    recipe = write_recipe(tiny_recipe(plugins=["fedavg", {"shrink": {"factor": 0.25}}],
-                                      federation={"rounds": 1}))
+    recipe = write_recipe(
+        tiny_recipe(plugins=["fedavg", {"shrink": {"factor": 0.25}}], federation={"rounds": 1})
+    )
     out = tmp_path / "out"
-    ran = subprocess.run([sys.executable, "-m", "fedkit", "run", str(recipe), "--out", str(out)],
-                         env=env, capture_output=True, text=True, timeout=300)
+    ran = subprocess.run(
+        [sys.executable, "-m", "fedkit", "run", str(recipe), "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ran.returncode == 0, ran.stderr
     assert '"shrink_factor": 0.25' in (out / "metrics.jsonl").read_text()

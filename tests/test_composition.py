@@ -98,8 +98,7 @@ def test_private_parts_stay_out_of_pool_and_uploads():
     assert not any(k.startswith("classifier.") for k in run.server.pool[0])
     run_round(run, 1)
     assert not any(k.startswith("classifier.") for k in run.server.pool[0])
-    assert all(k.startswith("classifier.") or k.startswith("encoder.")
-               for k in run.store.get(0))
+    assert all(k.startswith("classifier.") or k.startswith("encoder.") for k in run.store.get(0))
     rows = run.server.ledger.to_rows()
     head = sum(v.numel() * 4 for k, v in run.store.get(0).items() if k.startswith("classifier."))
     enc = sum(v.numel() * v.element_size() for k, v in run.server.pool[0].items())
@@ -143,3 +142,14 @@ def test_trace_prints_hook_calls(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "[fedkit] local_train -> fedavg" in err
     assert "[fedkit] update_client" in err
+
+
+def test_pool_is_weighted_mean_of_what_each_client_trained():
+    run = prepared(recipe("fedavg"))
+    run_round(run, 1)
+    sizes = [c.num_samples for c in run.clients]
+    states = [run.store.get(c.id) for c in run.clients]
+    key = "classifier.weight"
+    expected = sum(s[key].double() * n for s, n in zip(states, sizes, strict=True)) / sum(sizes)
+    assert not torch.equal(states[0][key], states[1][key])
+    assert torch.allclose(run.server.pool[0][key].double(), expected, atol=1e-6)

@@ -84,7 +84,9 @@ def test_missing_recipe_file_suggests_shipped_name():
 
 def test_overrides_are_validated(write_recipe):
     path = write_recipe(tiny_recipe())
-    recipe = load_recipe(path, ["federation.rounds=7", "plugins.0=fedavg", "data.partition.alpha=0.1"])
+    recipe = load_recipe(
+        path, ["federation.rounds=7", "plugins.0=fedavg", "data.partition.alpha=0.1"]
+    )
     assert recipe.federation.rounds == 7
     assert recipe.data.partition.params == {"alpha": 0.1}
     result = runner.invoke(app, ["validate", str(path), "--set", "federation.rounds=-1"])

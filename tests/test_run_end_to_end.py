@@ -48,9 +48,9 @@ def test_fedavg_ledger_matches_two_t_s(write_recipe, tmp_path):
     rows = json.loads((out / "ledger.json").read_text())
     per_client = {}
     for row in rows:
-        per_client[row["client"]] = per_client.get(row["client"], 0) + row["down_model"] + row[
-            "up_model"
-        ]
+        per_client[row["client"]] = (
+            per_client.get(row["client"], 0) + row["down_model"] + row["up_model"]
+        )
         assert row["down_data"] == row["up_data"] == 0
     assert per_client == {0: 2 * 3 * size, 1: 2 * 3 * size, 2: 2 * 3 * size}
 

@@ -118,6 +118,16 @@ def test_fedbyol_uploads_online_and_predictor_replaces_them_and_keeps_target():
         assert not same(second, kept[cid], part(second, "encoder."))
 
 
+def test_global_model_is_the_weighted_mean_of_the_clients_models():
+    run = prepared(ssl_recipe("fedbyol", rounds=1))
+    rounds(run, 1)
+    weights = torch.tensor([float(len(c.train)) for c in run.clients])
+    for k in ("encoder.conv1.0.weight", "predictor.0.weight"):
+        stacked = torch.stack([run.store.get(c.id)[k] for c in run.clients])
+        expected = torch.einsum("c,c...->...", weights / weights.sum(), stacked)
+        torch.testing.assert_close(run.server.pool[0][k], expected)
+
+
 def test_fedbyol_target_is_an_ema_of_the_online_network():
     raw = ssl_recipe("fedbyol", rounds=1)
     raw["federation"].update(batch_size=64, local_epochs=1)
@@ -268,3 +278,35 @@ def test_single_client_round_two_starts_from_its_own_round_one_model():
     run_round(run, 2)
     for cid in range(3):
         assert same(spy.loaded[(2, cid)], kept[cid], kept[cid])
+
+
+def test_fedkit_eval_reproduces_the_runs_knn_and_scores_clients_and_transfer(tmp_path):
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from fedkit.cli import app
+
+    raw = ssl_recipe("fedsimsiam", evaluation={"protocol": "knn", "every": 0})
+    raw["data"]["max_test"] = 60
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "run"
+    cli = CliRunner()
+    assert cli.invoke(app, ["run", str(recipe), "--out", str(out)]).exit_code == 0
+    final = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+
+    def evaluate(*args):
+        result = cli.invoke(app, ["eval", str(out), *args])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output.strip().splitlines()[-1])
+
+    assert evaluate("--protocol", "knn")["knn_accuracy"] == final["knn_accuracy"]
+    assert 0 <= evaluate("--protocol", "knn", "--client", "1")["knn_accuracy"] <= 1
+    semi = evaluate("--protocol", "semi", "--set", "evaluation.semi_epochs=1")
+    assert set(semi) == {"dataset", "protocol", "semi_accuracy_1", "semi_accuracy_10"}
+    transfer = evaluate("--protocol", "linear", "--dataset", "digits", "--set", "data.image_size=8")
+    assert transfer["dataset"] == "digits" and 0 <= transfer["linear_accuracy"] <= 1
+    assert cli.invoke(app, ["eval", str(out), "--protocol", "svm"]).exit_code == 2
+    assert cli.invoke(app, ["eval", str(tmp_path / "nothing")]).exit_code == 2

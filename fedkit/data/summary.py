@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.table import Table
 
+from fedkit.atomic import write_text
 from fedkit.data.federated import FederatedData
 
 _CAPTION_CLASSES = 20
@@ -59,16 +58,5 @@ def render_partition(rows: list[dict[str, Any]], classes: list[str]) -> Table:
 
 
 def save_partition(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
-    """Write the rows as JSON atomically (temp file in the same directory, then replace)."""
-    path = Path(path)
-    descriptor, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(rows, handle, indent=1)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write the rows as JSON atomically."""
+    write_text(path, json.dumps(rows, indent=1) + "\n")

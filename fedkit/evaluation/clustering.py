@@ -19,15 +19,18 @@ if TYPE_CHECKING:
 
 
 def identity_metrics(run: Run) -> dict[str, Any]:
-    """ARI of the current identities against the partition's true groups (clients that
-    have an identity), and the number of distinct clusters in use."""
+    """ARI against the partition's true groups of every client's latest identity (``ari``)
+    and of this round's sampled clients only (``ari_round``; with partial participation the
+    others keep older identities), and the number of distinct clusters in use."""
     groups = run.server.data.groups
     placed = [c for c in run.clients if c.cluster is not None]
     if groups is None or not placed:
         return {}
+    sampled = [c for c in placed if c.round == run.server.round]
     found = [c.cluster for c in placed]
     return {
         "ari": adjusted_rand(found, [groups[c.id] for c in placed]),
+        "ari_round": adjusted_rand([c.cluster for c in sampled], [groups[c.id] for c in sampled]),
         "clusters_used": len(set(found)),
     }
 

@@ -1,7 +1,8 @@
 """A method-agnostic local training loop for two-view self-supervised learning.
 
 Each step draws two batched augmentations of a mini-batch and minimises a loss the
-caller supplies; an optional callback runs after every optimiser step (BYOL's EMA).
+caller supplies; an optional callback runs after every optimiser step (for example a
+target network's moving average).
 Everything random (order, crops, jitter) comes from one seeded ``torch.Generator``.
 """
 
@@ -21,7 +22,8 @@ TwoViewLoss = Callable[[nn.ModuleDict, Tensor, Tensor], Tensor]
 
 
 def two_view_augment(data: ImageSet, crop_scale: tuple[float, float]) -> TwoViewAugment:
-    """The FedU-family augmentation (METHODS.md) sized and normalised for ``data``."""
+    """The shared two-view augmentation (crop, flip, jitter, grayscale) for ``data``'s
+    image size and normalisation statistics."""
     size = tuple(data.images.shape[-2:])
     return TwoViewAugment(size, data.mean, data.std, scale=crop_scale)
 

@@ -48,8 +48,8 @@ def nt_xent(
 
     Features are L2-normalised; for anchor i the positive is its other view and the
     negatives are the remaining 2N − 2 views plus every row of ``extra_negatives`` (M×D,
-    normalised here; e.g. a global dictionary of client features). The extra negatives are treated as
-    constants (detached): they come from other clients' models.
+    normalised here; e.g. a global dictionary of client features). The extra negatives
+    are treated as constants (detached): they come from other clients' models.
     """
     if z1.shape != z2.shape or z1.dim() != 2:
         raise ValueError(f"z1 and z2 must both be N×D, got {tuple(z1.shape)}, {tuple(z2.shape)}")

@@ -3,7 +3,7 @@
 Method-agnostic: an encoder, an image set and an objective name (``simclr``, ``byol`` or
 ``simsiam``) with its head sizes. Clustered methods use it to pre-train the shared encoder
 before federated training starts; anything else that needs a contrastive warm start can too.
-Head defaults follow the CP-CFL set-up: SimCLR projector Linear(256) → ReLU → Linear(256);
+Head defaults are the small heads of Tun et al. (2023): SimCLR projector 256 → ReLU → 256;
 BYOL/SimSiam projector 512 → BN → ReLU → 512 → BN, predictor 512 → 64 → BN → ReLU → 512.
 """
 

@@ -1,0 +1,85 @@
+"""The ledger reproduces CP-CFL's communication cost: C = T·(C_sc + C_cs) per client,
+2·T·S for FedAvg and T·(N+1)·S for clustered FL (N models down, one up)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from fedkit.engine import prepare, run_round
+from fedkit.ledger import tensor_bytes
+from fedkit.models.backbones import create_backbone
+from fedkit.recipe import validate
+
+ROUNDS, CLIENTS, SAMPLED = 2, 6, 4
+
+
+def tiny(plugin: Any) -> Any:
+    return validate(
+        {
+            "seed": 0,
+            "backbone": {"name": "test_resnet"},
+            "data": {"dataset": "digits", "image_size": 8, "num_clients": CLIENTS},
+            "federation": {
+                "rounds": ROUNDS,
+                "clients_per_round": SAMPLED,
+                "local_epochs": 1,
+                "optimizer": {"name": "adam", "lr": 0.001},
+            },
+            "plugins": [plugin],
+            "evaluation": {"protocol": "none"},
+            "device": "cpu",
+        }
+    )
+
+
+def ledger_total(plugin: Any) -> tuple[int, int]:
+    """Run every round; return the ledger's total bytes and one model's size S."""
+    run = prepare(tiny(plugin))
+    size = tensor_bytes(run.server.pool[0].values())
+    for r in range(1, ROUNDS + 1):
+        run_round(run, r)
+    return run.server.ledger.totals()["total"], size
+
+
+@pytest.fixture(scope="module")
+def encoder_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("enc") / "encoder.safetensors"
+    torch.manual_seed(0)
+    save_file(create_backbone(validate({}).backbone).state_dict(), str(path))
+    return path
+
+
+def test_fedavg_costs_two_model_transfers_per_client_and_round() -> None:
+    total, size = ledger_total("fedavg")
+    assert total == 2 * ROUNDS * SAMPLED * size
+
+
+def test_ifca_with_three_clusters_costs_n_plus_one_transfers() -> None:
+    n = 3
+    total, size = ledger_total({"ifca": {"num_clusters": n}})
+    assert total == ROUNDS * SAMPLED * (n + 1) * size
+
+
+def test_cpcfl_with_three_clusters_costs_n_plus_one_in_both_phases(encoder_file: Path) -> None:
+    n = 3
+    plugin = {"cpcfl": {"num_clusters": n, "switch_round": 1, "encoder": str(encoder_file)}}
+    total, size = ledger_total(plugin)
+    assert total == ROUNDS * SAMPLED * (n + 1) * size
+
+
+def test_random_phase_without_broadcast_sends_only_the_chosen_model(encoder_file: Path) -> None:
+    plugin = {
+        "cpcfl": {
+            "num_clusters": 3,
+            "switch_round": ROUNDS,
+            "encoder": str(encoder_file),
+            "broadcast_pool": False,
+        }
+    }
+    total, size = ledger_total(plugin)
+    assert total == 2 * ROUNDS * SAMPLED * size

@@ -1,0 +1,139 @@
+"""DAPU: its divergence against a hand computation, its decision rule and log, and its
+composition with FedSimSiam (differs from plain FedSimSiam only in predictor updates)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import prepared
+from fedkit_plugins.dapu import DAPU, divergence, divergence_layers
+from test_ssl_plugins import part, rounds, same, spied, ssl_recipe
+from torch import nn
+
+from fedkit.engine import run_round
+from fedkit.errors import RecipeError
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv2 = nn.Conv2d(2, 2, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(2)
+        self.downsample = nn.Sequential(nn.Conv2d(2, 2, 1, bias=False))
+
+
+class Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Sequential(nn.Conv2d(3, 2, 3, bias=False), nn.BatchNorm2d(2))
+        self.layer1 = Block()
+
+
+def filled(conv1: float, conv2: float, other: float) -> dict[str, torch.Tensor]:
+    """A model state with every conv1 kernel entry = conv1, conv2 = conv2, rest = other."""
+    model = nn.ModuleDict({"encoder": Encoder(), "predictor": nn.Linear(2, 2)})
+    state = model.state_dict()
+    for k, v in state.items():
+        v.fill_(conv1 if k == "encoder.conv1.0.weight" else conv2 if "conv2" in k else other)
+    return state
+
+
+def test_divergence_equals_a_hand_computation_on_known_models():
+    a, b = filled(0.0, 0.0, 0.0), filled(1.0, 2.0, 5.0)
+    assert divergence_layers(a) == ["encoder.conv1.0.weight", "encoder.layer1.conv2.weight"]
+    # conv1: 2·3·3·3 = 54 entries differing by 1 → √54; conv2: 4 entries by 2 → 4.
+    # BN weights (also named conv1.1.weight), the downsample conv and the predictor
+    # differ by 5 and are left out.
+    expected = (math.sqrt(54) + 4.0) / 2
+    assert divergence(a, b) == pytest.approx(expected, rel=1e-12)
+    assert divergence(b, a) == pytest.approx(expected, rel=1e-12)
+    assert divergence(a, a) == 0.0
+
+
+def _client(participations: int, d: float | None):
+    state = {} if d is None else {"dapu_divergence": d}
+    return SimpleNamespace(id=7, participations=participations, state=state)
+
+
+@pytest.mark.parametrize(
+    "participations,d,decision", [(0, None, "global"), (1, 0.39, "global"), (1, 0.4, "local")]
+)
+def test_decision_claims_only_predictor_keys_and_is_logged(participations, d, decision):
+    plugin = DAPU(DAPU.Options(mu=0.4))
+    received, local = filled(0.0, 0.0, 1.0), filled(0.0, 0.0, 2.0)
+    server = SimpleNamespace(state={})
+    claims = plugin.update_client(_client(participations, d), server, received, local)
+    assert set(claims) == set(part(received, "predictor."))
+    chosen = received if decision == "global" else local
+    assert same(claims, chosen, claims)
+    assert server.state["dapu"]["7"] == {"used": d, "decision": decision}
+
+
+def test_new_global_reference_measures_at_update_time():
+    plugin = DAPU(DAPU.Options(mu=5.0, reference="new_global"))
+    received, local = filled(0.0, 0.0, 1.0), filled(1.0, 2.0, 2.0)
+    server = SimpleNamespace(state={})
+    claims = plugin.update_client(_client(1, None), server, received, local)
+    assert server.state["dapu"]["7"]["used"] == pytest.approx((math.sqrt(54) + 4.0) / 2)
+    assert same(claims, local, claims)  # 5.67 ≥ μ = 5 → keep the local predictor
+
+
+def test_divergence_logged_per_client_per_round_matches_the_models():
+    run, _ = spied(ssl_recipe("fedsimsiam", ("dapu", {"mu": 0.4})))
+    rows = rounds(run, 2)
+    for row in rows:
+        assert set(row["dapu"]) == {"0", "1", "2"}
+    for cid in range(3):
+        log = rows[1]["dapu"][str(cid)]
+        measured = divergence(run.clients[cid].received, run.store.get(cid))
+        assert log["divergence"] == pytest.approx(measured)
+        assert log["used"] == pytest.approx(rows[0]["dapu"][str(cid)]["divergence"])
+        assert log["decision"] == ("global" if log["used"] < 0.4 else "local")
+        assert rows[0]["dapu"][str(cid)]["decision"] == "global"  # first participation
+
+
+def test_with_a_huge_mu_dapu_changes_nothing():
+    plain = prepared(ssl_recipe("fedsimsiam"))
+    composed = prepared(ssl_recipe("fedsimsiam", ("dapu", {"mu": 1e9})))
+    rounds(plain, 2), rounds(composed, 2)
+    assert same(plain.server.pool[0], composed.server.pool[0], plain.server.pool[0])
+
+
+def test_fedsimsiam_with_dapu_differs_only_in_predictor_updates():
+    plain, plain_spy = spied(ssl_recipe("fedsimsiam"))
+    composed, spy = spied(ssl_recipe("fedsimsiam", ("dapu", {"mu": 0.0})))  # always local
+    rounds(plain, 1), rounds(composed, 1)
+    assert same(plain.server.pool[0], composed.server.pool[0], plain.server.pool[0])
+    kept = {cid: composed.store.get(cid) for cid in range(3)}
+    run_round(plain, 2), run_round(composed, 2)
+    for cid in range(3):
+        a, b = plain_spy.loaded[(2, cid)], spy.loaded[(2, cid)]
+        predictor = part(a, "predictor.")
+        others = [k for k in a if k not in predictor]
+        assert same(a, b, others)  # encoder and projector: the same global ones
+        assert same(a, composed.clients[cid].received, predictor)  # plain: global predictor
+        assert same(b, kept[cid], predictor)  # dapu: the client's own predictor
+        assert not same(a, b, predictor)
+
+
+def test_dapu_needs_a_shared_predictor():
+    run = prepared(ssl_recipe("fedsimclr", "dapu"))
+    with pytest.raises(RecipeError, match="predictor"):
+        run_round(run, 1)
+
+
+def test_fedu_local_predictor_and_dapu_is_a_recipe_error():
+    with pytest.raises(RecipeError, match="predictor"):
+        prepared(ssl_recipe(("fedu", {"predictor": "local"}), "dapu"))
+
+
+def test_fedu_with_dapu_always_global_is_fedbyol():
+    byol = prepared(ssl_recipe("fedbyol"))
+    fedu = prepared(ssl_recipe("fedu", ("dapu", {"mu": 1e9})))
+    rounds(byol, 2), rounds(fedu, 2)
+    assert same(byol.server.pool[0], fedu.server.pool[0], byol.server.pool[0])
+    for cid in range(3):
+        assert same(byol.store.get(cid), fedu.store.get(cid), byol.store.get(cid))

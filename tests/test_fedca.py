@@ -1,0 +1,272 @@
+"""FedCA: what a client uploads (features, counted as data-derived), how the server builds
+the global dictionary, how the local loss uses it and the alignment term, and the CLI's
+privacy warnings."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import prepared, tiny_recipe
+from fedkit_plugins.fedca import (
+    DICTIONARY,
+    FedCA,
+    FedCAOptions,
+    alignment_loss,
+    encode_dictionary,
+    fedca_loss,
+)
+from torch import nn
+from typer.testing import CliRunner
+
+from fedkit import hookimpl
+from fedkit.cli import app
+from fedkit.data.datasets import ImageSet
+from fedkit.engine import run_round
+from fedkit.errors import RecipeError
+from fedkit.ledger import tensor_bytes
+from fedkit.plugins import describe, discover
+
+DIM = 8
+BASE = {"epochs": 1, "batch_size": 16}
+
+
+def fedca_recipe(rounds: int = 2, server_fraction: float = 0.2, **options):
+    """3 clients on 120 digits images (16×16), 20% held by the server as public data."""
+    opts = {"projector_hidden": 16, "projection_dim": DIM, "base": BASE, **options}
+    return tiny_recipe(
+        data={
+            "max_train": 120,
+            "server_fraction": server_fraction,
+            "partition": {"name": "classes_per_client", "k": 4},
+        },
+        federation={"rounds": rounds, "batch_size": 16, "optimizer": {"name": "sgd", "lr": 0.05}},
+        plugins=[{"fedca": opts}],
+        evaluation={"protocol": "none", "every": 0},
+    )
+
+
+class Spy:
+    """Records every round's uploads and the dictionary each client trained with."""
+
+    def __init__(self) -> None:
+        self.uploads: dict[int, list] = {}
+        self.received: dict[tuple[int, int], torch.Tensor | None] = {}
+
+    @hookimpl
+    def local_train(self, client, model, server):
+        self.received[(server.round, client.id)] = client.received.get(DICTIONARY)
+
+    @hookimpl
+    def aggregate(self, server, cluster, uploads):
+        self.uploads[server.round] = uploads
+
+
+def spied(raw):
+    run = prepared(raw)
+    spy = Spy()
+    run.plugins.pm.register(spy, name="spy")
+    return run, spy
+
+
+@pytest.fixture(scope="module")
+def two_rounds():
+    """One FedCA run of two rounds, shared by the tests that only look at it."""
+    run, spy = spied(fedca_recipe())
+    rows = [run_round(run, r) for r in (1, 2)]
+    return run, spy, rows
+
+
+def test_upload_holds_normalised_features_of_every_local_sample(two_rounds):
+    run, spy, _ = two_rounds
+    for upload in spy.uploads[2]:
+        client = run.clients[upload.client]
+        feats = upload.tensors[DICTIONARY]
+        assert feats.shape == (client.num_samples, DIM) and feats.dtype == torch.float32
+        assert torch.allclose(feats.norm(dim=1), torch.ones(len(feats)), atol=1e-5)
+        model = run.server.model(0).cpu()
+        model.load_state_dict(run.store.get(client.id))
+        assert torch.equal(feats, encode_dictionary(model, client.train, torch.device("cpu")))
+
+
+def test_ledger_counts_features_as_data_derived_to_the_byte(two_rounds):
+    run, spy, _ = two_rounds
+    model_bytes = tensor_bytes(run.server.pool[0][k] for k in run.server.model_keys)
+    for upload in spy.uploads[2]:
+        row = run.server.ledger.rows[(2, upload.client)]
+        assert row["up_data"] == run.clients[upload.client].num_samples * DIM * 4
+        assert row["up_model"] == model_bytes
+        assert set(upload.tensors) == run.server.model_keys | {DICTIONARY}
+
+
+def same_rows(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal as multisets of rows (order ignored)."""
+    return len(a) == len(b) and torch.equal(torch.unique(a, dim=0), torch.unique(b, dim=0))
+
+
+def test_the_global_dictionary_is_every_upload_and_goes_down_next_round(two_rounds):
+    run, spy, _ = two_rounds
+    bank = run.server.pool[0][DICTIONARY]
+    assert same_rows(bank, torch.cat([u.tensors[DICTIONARY] for u in spy.uploads[2]]))
+    assert all(spy.received[(1, c.id)] is None for c in run.clients)
+    sent = spy.received[(2, 0)]
+    assert same_rows(sent, torch.cat([u.tensors[DICTIONARY] for u in spy.uploads[1]]))
+    for c in run.clients:
+        assert torch.equal(spy.received[(2, c.id)], sent)
+        assert run.server.ledger.rows[(2, c.id)]["down_data"] == len(sent) * DIM * 4
+
+
+def test_public_data_and_base_model_stay_on_the_server(two_rounds):
+    run, spy, _ = two_rounds
+    assert set(run.server.template) == {"encoder", "projector"}
+    public = len(run.server.data.server)
+    plugin = run.plugins.objects["fedca"]
+    once = public * 3 * 16 * 16 + tensor_bytes([plugin.base_features])
+    for c in run.clients:
+        assert run.server.ledger.rows[(1, c.id)]["down_data"] == once
+    for ups in spy.uploads.values():
+        for u in ups:
+            assert not any("public" in k or "base" in k for k in u.tensors)
+
+
+def test_samples_per_client_and_dictionary_size_cap():
+    run, spy = spied(fedca_recipe(rounds=1, samples_per_client=10, dictionary_size=25))
+    run_round(run, 1)
+    uploads = spy.uploads[1]
+    assert all(u.tensors[DICTIONARY].shape == (10, DIM) for u in uploads)
+    assert all(run.server.ledger.rows[(1, u.client)]["up_data"] == 10 * DIM * 4 for u in uploads)
+    bank = run.server.pool[0][DICTIONARY]
+    everything = torch.cat([u.tensors[DICTIONARY] for u in uploads])
+    assert bank.shape == (25, DIM)
+    assert all((everything == row).all(dim=1).any() for row in bank)
+
+
+def hand_nt_xent(views: list[list[float]], negatives: list[list[float]], tau: float) -> float:
+    """NT-Xent written out: views are [a1, b1, a2, b2, ...] reordered as [a.., b..]."""
+
+    def unit(v):
+        n = math.sqrt(sum(x * x for x in v))
+        return [x / n for x in v]
+
+    z = [unit(v) for v in views]
+    bank = [unit(v) for v in negatives]
+    n = len(z) // 2
+    total = 0.0
+    for i in range(2 * n):
+        pos = (i + n) % (2 * n)
+        sims = [sum(a * b for a, b in zip(z[i], z[j], strict=True)) for j in range(2 * n) if j != i]
+        sims += [sum(a * b for a, b in zip(z[i], d, strict=True)) for d in bank]
+        s_pos = sum(a * b for a, b in zip(z[i], z[pos], strict=True))
+        total += -s_pos / tau + math.log(sum(math.exp(s / tau) for s in sims))
+    return total / (2 * n)
+
+
+def linear_model() -> nn.ModuleDict:
+    return nn.ModuleDict({"encoder": nn.Flatten(), "projector": nn.Identity()})
+
+
+V1 = [[1.0, 0.0], [0.0, 1.0]]
+V2 = [[1.0, 1.0], [0.5, 1.0]]
+
+
+def client_with(dictionary):
+    received = {} if dictionary is None else {DICTIONARY: torch.tensor(dictionary)}
+    return SimpleNamespace(received=received, rng=torch.Generator().manual_seed(0))
+
+
+def test_local_loss_uses_the_received_dictionary_as_hand_computed():
+    plugin = FedCA(FedCAOptions(temperature=0.5, alignment=False))
+    v1, v2 = torch.tensor(V1), torch.tensor(V2)
+    losses = {}
+    for name, dictionary in [("none", None), ("d1", [[-1.0, 0.0]]), ("d2", [[3.0, 1.0], [0, -2]])]:
+        loss = plugin.objective(client_with(dictionary))(linear_model(), v1, v2)
+        expected = hand_nt_xent(V1 + V2, dictionary or [], 0.5)
+        assert loss.item() == pytest.approx(expected, rel=1e-6)
+        losses[name] = loss.item()
+    assert len({round(v, 6) for v in losses.values()}) == 3
+
+
+def test_dictionary_off_ignores_what_was_received():
+    plugin = FedCA(FedCAOptions(temperature=0.5, alignment=False, dictionary=False))
+    loss = plugin.objective(client_with([[-1.0, 0.0]]))(
+        linear_model(), torch.tensor(V1), torch.tensor(V2)
+    )
+    assert loss.item() == pytest.approx(hand_nt_xent(V1 + V2, [], 0.5), rel=1e-6)
+
+
+def test_alignment_loss_is_the_mean_squared_distance_to_the_base_features():
+    h = torch.tensor([[1.0, 2.0], [0.0, -1.0]])
+    base = torch.tensor([[0.0, 0.0], [3.0, 1.0]])
+    assert alignment_loss(h, base).item() == pytest.approx((1 + 4 + 9 + 4) / 2)
+    z1, z2 = torch.tensor(V1), torch.tensor(V2)
+    total = fedca_loss(z1, z2, 0.5, None, h, base, align_weight=0.1)
+    assert total.item() == pytest.approx(hand_nt_xent(V1 + V2, [], 0.5) + 0.1 * 9.0, rel=1e-6)
+
+
+def test_local_loss_adds_weighted_alignment_on_public_images():
+    plugin = FedCA(FedCAOptions(temperature=0.5, align_weight=0.25, public_batch=8))
+    pixels = torch.tensor([[255, 0, 0], [0, 255, 255]], dtype=torch.uint8)
+    plugin.public = ImageSet(
+        pixels.view(2, 3, 1, 1), torch.tensor([-1, -1]), [], (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    )
+    plugin.base_features = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    v1 = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]).view(2, 3, 1, 1)
+    v2 = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]]).view(2, 3, 1, 1)
+    loss = plugin.objective(client_with([[0.0, 0.0, 1.0]]))(linear_model(), v1, v2)
+    align = (0 + 1 + 0) + (0 + 1 + 1)
+    expected = (
+        hand_nt_xent(v1.view(2, 3).tolist() + v2.view(2, 3).tolist(), [[0.0, 0.0, 1.0]], 0.5)
+        + 0.25 * align / 2
+    )
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_alignment_needs_a_public_split():
+    with pytest.raises(RecipeError, match="server_fraction"):
+        prepared(fedca_recipe(server_fraction=0.0))
+    run = prepared(fedca_recipe(server_fraction=0.0, alignment=False))
+    assert run.plugins.objects["fedca"].public is None
+
+
+def test_plugins_lists_fedca_as_uploading_data_derived_tensors():
+    assert describe(discover()["fedca"]).uploads_data_derived
+    result = CliRunner().invoke(app, ["plugins"], terminal_width=200)
+    line = next(ln for ln in result.output.splitlines() if "fedca" in ln)
+    assert "yes" in line
+    fedsimclr = next(ln for ln in result.output.splitlines() if "fedsimclr" in ln)
+    assert "yes" not in fedsimclr
+
+
+def test_run_warns_and_saves_the_base_encoder(write_recipe, tmp_path):
+    out = tmp_path / "run"
+    raw = fedca_recipe(rounds=1)
+    raw["data"]["max_train"] = 60
+    result = CliRunner().invoke(app, ["run", str(write_recipe(raw)), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "warning" in result.output and "'fedca' uploads data-derived" in result.output
+    assert (out / "fedca-base.safetensors").is_file()
+
+
+def test_resume_reuses_the_saved_base_encoder_and_matches(tmp_path, monkeypatch):
+    import fedkit_plugins.fedca as fedca_module
+
+    from fedkit import checkpoint, rundir
+    from fedkit.recipe import validate
+
+    recipe = validate(fedca_recipe(rounds=2))
+    full = rundir.start(recipe, tmp_path / "full")
+    rundir.execute(full, tmp_path / "full")
+    half = rundir.start(recipe, tmp_path / "half")
+    half.history.append(run_round(half, 1))
+    checkpoint.save(half, tmp_path / "half", 1)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the base encoder was trained again on resume")
+
+    monkeypatch.setattr(fedca_module, "pretrain_encoder", no_training)
+    resumed, done = rundir.resume(tmp_path / "half")
+    rundir.execute(resumed, tmp_path / "half", done)
+    for key, value in full.server.pool[0].items():
+        assert torch.equal(value, resumed.server.pool[0][key]), key

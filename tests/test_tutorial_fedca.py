@@ -1,0 +1,46 @@
+"""docs/tutorials/fedca.md runs as written, shrunk to tiny settings, with the convention
+of ``test_tutorials_ssl``: its ``fedkit`` lines run through the CLI with ``TINY``
+appended to ``run``; then its ```python blocks run in the same directory, and what they
+print is checked against the run's partition."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import yaml
+from test_tutorials_ssl import commands, shrunk
+from typer.testing import CliRunner
+
+from fedkit.cli import app
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "tutorials" / "fedca.md"
+
+
+def test_fedca_tutorial_runs_and_its_ledger_shows_the_uploaded_features(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CIFAR10", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cmds = commands(PAGE)
+    assert [c[0] for c in cmds] == ["plugins", "validate", "run", "eval"]
+    outputs = {}
+    for args in cmds:
+        result = CliRunner().invoke(app, shrunk(args), terminal_width=200)
+        assert result.exit_code == 0, f"fedkit {' '.join(args)}\n{result.output}"
+        outputs[args[0]] = result.output
+    assert "yes" in next(ln for ln in outputs["plugins"].splitlines() if "fedca" in ln)
+    assert "'fedca' uploads data-derived" in outputs["run"]
+    run = tmp_path / "runs" / "fedca-small"
+    assert (run / "fedca-base.safetensors").is_file()
+
+    printed = io.StringIO()
+    for block in re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S):
+        with contextlib.redirect_stdout(printed):
+            exec(compile(block, str(PAGE), "exec"), {})
+    dim = yaml.safe_load((run / "recipe.yaml").read_text())["plugins"][0]["options"]
+    sent = {int(c): int(up) for c, up, _ in (ln.split() for ln in printed.getvalue().splitlines())}
+    partition = json.loads((run / "partition.json").read_text())
+    assert sent == {c["client"]: c["n_train"] * dim["projection_dim"] * 4 for c in partition}
