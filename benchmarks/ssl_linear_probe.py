@@ -35,13 +35,29 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "plugins": [{"fedbyol": {}}, {"single_client": {}}],
         "protocol": "none",
     },
+    "FedSimSiam": {"plugins": [{"fedsimsiam": {}}]},
+    "FedSimCLR": {"plugins": [{"fedsimclr": {}}]},
     "FedCA (dictionary + alignment)": {
         "plugins": [{"fedca": {}}],
         "data": {"server_fraction": 0.1},
     },
 }
 SHORT = dict(
-    zip(["random", "central", "fedu", "fedbyol", "local", "single", "fedca"], CONFIGS, strict=True)
+    zip(
+        [
+            "random",
+            "central",
+            "fedu",
+            "fedbyol",
+            "local",
+            "single",
+            "fedsimsiam",
+            "fedsimclr",
+            "fedca",
+        ],
+        CONFIGS,
+        strict=True,
+    )
 )
 
 
@@ -84,7 +100,7 @@ def make_recipe(args: argparse.Namespace, name: str, seed: int) -> Recipe:
     for item in spec["plugins"]:
         ((plugin, options),) = item.items()
         options = dict(options)
-        if plugin in ("fedu", "fedbyol", "fedca"):
+        if plugin in ("fedu", "fedbyol", "fedca", "fedsimsiam", "fedsimclr"):
             options.update(heads, crop_scale=[args.crop_min, 1.0])
         if plugin == "dapu":
             options["mu"] = args.mu

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedkit.data.datasets import DATASETS
-from fedkit.data.partition import PARTITIONERS, check_params
-from fedkit.errors import RecipeError, did_you_mean
+from fedkit.data.datasets import check_dataset_name
+from fedkit.data.partition import partitioner
+from fedkit.errors import RecipeError
 from fedkit.models.backbones import check_backbone_name
 from fedkit.plugins import Plugins
 from fedkit.recipe import Recipe
@@ -18,13 +18,7 @@ from fedkit.recipe import Recipe
 
 def check_data(recipe: Recipe) -> None:
     data = recipe.data
-    if data.dataset not in DATASETS:
-        raise RecipeError(
-            "data.dataset",
-            "one of " + ", ".join(DATASETS),
-            data.dataset,
-            hint=did_you_mean(data.dataset, DATASETS),
-        )
+    check_dataset_name(data.dataset)
     if data.dataset != "digits" and not data.download:
         if data.root is None:
             raise RecipeError(
@@ -35,15 +29,7 @@ def check_data(recipe: Recipe) -> None:
             )
         if not Path(data.root).expanduser().is_dir():
             raise RecipeError("data.root", "an existing directory", data.root)
-    name = data.partition.name
-    if name not in PARTITIONERS:
-        raise RecipeError(
-            "data.partition.name",
-            "one of " + ", ".join(sorted(PARTITIONERS)),
-            name,
-            hint=did_you_mean(name, PARTITIONERS),
-        )
-    check_params(name, PARTITIONERS[name], data.partition.params)
+    partitioner(data)
 
 
 def check_recipe(recipe: Recipe) -> Plugins:

@@ -14,17 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from fedkit_plugins.clustered import (
-    ENCODER_FILE,
-    Scratch,
-    build_pool,
-    load_encoder,
-    lowest_loss_cluster,
-    new_encoder,
-    random_cluster,
-    save_encoder,
-    train_local,
-)
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
@@ -37,6 +26,17 @@ from fedkit.recipe import Recipe
 from fedkit.seeding import derive
 from fedkit.server import Server
 from fedkit.ssl.pretrain import PretrainConfig, pretrain_encoder
+from fedkit_plugins.clustered import (
+    ENCODER_FILE,
+    Scratch,
+    build_pool,
+    load_encoder,
+    lowest_loss_cluster,
+    new_encoder,
+    random_cluster,
+    save_encoder,
+    train_local,
+)
 
 RELEVANCE_IMAGES = 300
 

@@ -11,6 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor, nn
+
+from fedkit import hookimpl
+from fedkit.client import Client
+from fedkit.recipe import Recipe
+from fedkit.server import Server
 from fedkit_plugins._ssl_common import (
     TARGET,
     BYOLOptions,
@@ -18,12 +24,6 @@ from fedkit_plugins._ssl_common import (
     target_from_online,
     train_byol,
 )
-from torch import Tensor, nn
-
-from fedkit import hookimpl
-from fedkit.client import Client
-from fedkit.recipe import Recipe
-from fedkit.server import Server
 
 
 class FedBYOL:

@@ -28,8 +28,6 @@ import copy
 from typing import Any
 
 import torch
-from fedkit_plugins._ssl_common import online_parts, train_ssl
-from fedkit_plugins.fedsimclr import SimCLROptions
 from pydantic import Field
 from safetensors.torch import load_file
 from torch import Tensor, nn
@@ -48,6 +46,8 @@ from fedkit.ssl.local import TwoViewLoss
 from fedkit.ssl.losses import nt_xent
 from fedkit.ssl.pretrain import PretrainConfig, pretrain_encoder
 from fedkit.training import normalize
+from fedkit_plugins._ssl_common import online_parts, train_ssl
+from fedkit_plugins.fedsimclr import SimCLROptions
 
 DICTIONARY = "fedca.dictionary"
 PUBLIC_IMAGES = "fedca.public_images"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedkit_plugins._ssl_common import SSLOptions, online_parts, train_ssl
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -13,6 +12,7 @@ from fedkit import hookimpl
 from fedkit.client import Client
 from fedkit.server import Server
 from fedkit.ssl.losses import nt_xent
+from fedkit_plugins._ssl_common import SSLOptions, online_parts, train_ssl
 
 
 class SimCLROptions(SSLOptions):

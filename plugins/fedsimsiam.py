@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedkit_plugins._ssl_common import SSLOptions, online_parts, train_ssl
 from torch import Tensor, nn
 
 from fedkit import hookimpl
 from fedkit.client import Client
 from fedkit.server import Server
 from fedkit.ssl.losses import simsiam_symmetric
+from fedkit_plugins._ssl_common import SSLOptions, online_parts, train_ssl
 
 
 def simsiam_loss_fn(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> Tensor:

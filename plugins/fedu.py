@@ -21,6 +21,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from torch import Tensor, nn
+
+from fedkit import hookimpl
+from fedkit.client import Client
+from fedkit.errors import RecipeError
+from fedkit.recipe import Recipe
+from fedkit.server import Server
 from fedkit_plugins._ssl_common import (
     ONLINE,
     TARGET,
@@ -30,13 +37,6 @@ from fedkit_plugins._ssl_common import (
     target_from_online,
     train_byol,
 )
-from torch import Tensor, nn
-
-from fedkit import hookimpl
-from fedkit.client import Client
-from fedkit.errors import RecipeError
-from fedkit.recipe import Recipe
-from fedkit.server import Server
 
 
 class FedUOptions(BYOLOptions):

@@ -11,16 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from fedkit_plugins.clustered import (
-    Scratch,
-    build_pool,
-    collapsed,
-    load_encoder,
-    lowest_loss_cluster,
-    new_encoder,
-    random_cluster,
-    train_local,
-)
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
@@ -31,6 +21,16 @@ from fedkit.models.heads import CLASSIFIER_VARIANTS
 from fedkit.recipe import Recipe
 from fedkit.seeding import derive
 from fedkit.server import Server
+from fedkit_plugins.clustered import (
+    Scratch,
+    build_pool,
+    collapsed,
+    load_encoder,
+    lowest_loss_cluster,
+    new_encoder,
+    random_cluster,
+    train_local,
+)
 
 
 class IFCA:

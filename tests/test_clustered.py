@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from fedkit_plugins.clustered import load_encoder, lowest_loss_cluster
 from PIL import Image
 from safetensors.torch import save_file
 
@@ -30,6 +29,7 @@ from fedkit.recipe import DataConfig, validate
 from fedkit.server import Upload
 from fedkit.ssl.pretrain import PretrainConfig, build_heads, pretrain_encoder
 from fedkit.training import supervised_loss
+from fedkit_plugins.clustered import load_encoder, lowest_loss_cluster
 
 HEAD_KEYS = ("classifier.0.weight", "classifier.0.bias")
 PAPER_TC = 10  # IFCA has no switch round; its bound is the paper's T_c + 3

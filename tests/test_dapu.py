@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import prepared
-from fedkit_plugins.dapu import DAPU, divergence, divergence_layers
 from test_ssl_plugins import part, rounds, same, spied, ssl_recipe
 from torch import nn
 
 from fedkit.engine import run_round
 from fedkit.errors import RecipeError
+from fedkit_plugins.dapu import DAPU, divergence, divergence_layers
 
 
 class Block(nn.Module):

@@ -10,14 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import prepared, tiny_recipe
-from fedkit_plugins.fedca import (
-    DICTIONARY,
-    FedCA,
-    FedCAOptions,
-    alignment_loss,
-    encode_dictionary,
-    fedca_loss,
-)
 from torch import nn
 from typer.testing import CliRunner
 
@@ -28,6 +20,14 @@ from fedkit.engine import run_round
 from fedkit.errors import RecipeError
 from fedkit.ledger import tensor_bytes
 from fedkit.plugins import describe, discover
+from fedkit_plugins.fedca import (
+    DICTIONARY,
+    FedCA,
+    FedCAOptions,
+    alignment_loss,
+    encode_dictionary,
+    fedca_loss,
+)
 
 DIM = 8
 BASE = {"epochs": 1, "batch_size": 16}
@@ -251,7 +251,6 @@ def test_run_warns_and_saves_the_base_encoder(write_recipe, tmp_path):
 
 def test_resume_reuses_the_saved_base_encoder_and_matches(tmp_path, monkeypatch):
     import fedkit_plugins.fedca as fedca_module
-
     from fedkit import checkpoint, rundir
     from fedkit.recipe import validate
 

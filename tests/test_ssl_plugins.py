@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 from conftest import prepared, tiny_recipe
-from fedkit_plugins._ssl_common import byol_loss_fn
-from fedkit_plugins.fedsimclr import FedSimCLR
-from fedkit_plugins.fedsimsiam import simsiam_loss_fn
 from torch import nn
 
 from fedkit import hookimpl
 from fedkit.engine import run_round
 from fedkit.ledger import tensor_bytes
+from fedkit_plugins._ssl_common import byol_loss_fn
+from fedkit_plugins.fedsimclr import FedSimCLR
+from fedkit_plugins.fedsimsiam import simsiam_loss_fn
 
 HEADS = {"projector_hidden": 16, "projection_dim": 8, "predictor_hidden": 16}
 TARGET = ("target_encoder.", "target_projector.")

@@ -98,7 +98,7 @@ def load_split(cfg: DataConfig, split: str) -> ImageSet:
     set are normalised identically; loading "test" alone therefore also reads the train
     split (use ``load_splits`` to read both once).
     """
-    _check_name(cfg.dataset)
+    check_dataset_name(cfg.dataset)
     if split not in _splits_of(cfg.dataset):
         raise ValueError(f"split must be one of {_splits_of(cfg.dataset)}, not {split!r}")
     train = _load_limited(cfg, "train")
@@ -109,7 +109,7 @@ def load_split(cfg: DataConfig, split: str) -> ImageSet:
 
 def load_splits(cfg: DataConfig) -> tuple[ImageSet, ImageSet]:
     """Load the train and test splits of ``cfg.dataset`` with the train split's stats."""
-    _check_name(cfg.dataset)
+    check_dataset_name(cfg.dataset)
     train = _load_limited(cfg, "train")
     stats = _stats(train)
     return _with_stats(train, stats), _with_stats(_load_limited(cfg, "test"), stats)
@@ -135,7 +135,8 @@ def balanced_subset(labels: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     return np.sort(picked)
 
 
-def _check_name(name: str) -> None:
+def check_dataset_name(name: str) -> None:
+    """Raise a ``RecipeError`` (with a did-you-mean) for an unknown dataset name."""
     if name not in DATASETS:
         raise RecipeError(
             "data.dataset",

@@ -47,6 +47,20 @@ def register_partitioner(name: str) -> Callable[[Partitioner], Partitioner]:
 
 def partition(labels: np.ndarray, cfg: DataConfig, rng: np.random.Generator) -> Partition:
     """Split ``labels`` among ``cfg.num_clients`` with the partitioner ``cfg.partition``."""
+    fn = partitioner(cfg)
+    params = cfg.partition.params
+    labels = np.asarray(labels)
+    if cfg.num_clients > len(labels):
+        raise RecipeError(
+            "data.num_clients",
+            f"at most {len(labels)} (the train images to share)",
+            cfg.num_clients,
+        )
+    return fn(labels, cfg.num_clients, rng, **params)
+
+
+def partitioner(cfg: DataConfig) -> Partitioner:
+    """The partitioner a recipe names, after checking its name and parameters."""
     name = cfg.partition.name
     if name not in PARTITIONERS:
         raise RecipeError(
@@ -56,16 +70,8 @@ def partition(labels: np.ndarray, cfg: DataConfig, rng: np.random.Generator) -> 
             hint=did_you_mean(name, PARTITIONERS),
         )
     fn = PARTITIONERS[name]
-    params = cfg.partition.params
-    check_params(name, fn, params)
-    labels = np.asarray(labels)
-    if cfg.num_clients > len(labels):
-        raise RecipeError(
-            "data.num_clients",
-            f"at most {len(labels)} (the train images to share)",
-            cfg.num_clients,
-        )
-    return fn(labels, cfg.num_clients, rng, **params)
+    check_params(name, fn, cfg.partition.params)
+    return fn
 
 
 def parameters_of(fn: Partitioner) -> dict[str, inspect.Parameter]:
