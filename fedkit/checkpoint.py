@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from fedkit.atomic import write_json, write_safetensors
+from fedkit.errors import FedkitError
 from fedkit.ledger import Ledger
 from fedkit.seeding import rng_states, set_rng_states
 
@@ -88,3 +89,18 @@ def load(run: Run, root: Path) -> int:
     set_rng_states(sidecar["rng"])
     server.round = sidecar["round"]
     return sidecar["round"]
+
+
+def saved_part(root: Path, part: str, group: str = "0", file: str = "pool") -> dict[str, Tensor]:
+    """One model part's state (keys without the ``part.`` prefix) from a run's newest
+    checkpoint: cluster ``group`` of the pool, or client ``group`` with ``file="clients"``."""
+    pointer = root / "checkpoints" / "latest.json"
+    if not pointer.is_file():
+        raise FedkitError(f"{root}: no checkpoint yet (checkpoints/latest.json is missing)")
+    folder = root / "checkpoints" / json.loads(pointer.read_text())["folder"]
+    prefix = f"{group}/{part}."
+    tensors = load_file(folder / f"{file}.safetensors")
+    state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+    if not state:
+        raise FedkitError(f"{folder}: no {part} of {file} entry {group} in {file}.safetensors")
+    return state

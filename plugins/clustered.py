@@ -5,7 +5,6 @@ encoder, and loading an encoder saved by another run."""
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,9 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from fedkit.atomic import write_safetensors
+from fedkit.checkpoint import saved_part
 from fedkit.client import Client
-from fedkit.errors import RecipeError
+from fedkit.errors import FedkitError, RecipeError
 from fedkit.models.backbones import create_backbone, feature_dim
 from fedkit.models.heads import classifier_head
 from fedkit.seeding import derive
@@ -38,12 +38,12 @@ def load_encoder(path: str | Path, where: str = "encoder") -> dict[str, Tensor]:
     if path.is_dir():
         if (path / ENCODER_FILE).is_file():
             return _strip(load_file(path / ENCODER_FILE))
-        pointer = path / "checkpoints" / "latest.json"
-        if not pointer.is_file():
-            raise RecipeError(where, f"a run directory with a checkpoint or {ENCODER_FILE}", path)
-        folder = path / "checkpoints" / json.loads(pointer.read_text())["folder"]
-        pool = load_file(folder / "pool.safetensors")
-        return _strip({k[2:]: v for k, v in pool.items() if k.startswith("0/encoder.")})
+        try:
+            return saved_part(path, "encoder")
+        except FedkitError:
+            raise RecipeError(
+                where, f"a run directory with a checkpoint or {ENCODER_FILE}", str(path)
+            ) from None
     if not path.is_file():
         raise RecipeError(where, "a safetensors file or a run directory", str(path))
     return _strip(load_file(path))

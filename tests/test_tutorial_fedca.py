@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 
 import yaml
-from test_tutorials_ssl import commands, shrunk
+from test_tutorials_ssl import shrunk
+from tutorials import commands
 from typer.testing import CliRunner
 
 from fedkit.cli import app

@@ -9,12 +9,10 @@ temporary directory, in order, so later commands can use earlier runs.
 
 from __future__ import annotations
 
-import os
-import re
-import shlex
 from pathlib import Path
 
 import pytest
+from tutorials import commands, with_settings
 from typer.testing import CliRunner
 
 from fedkit.cli import app
@@ -38,17 +36,6 @@ PER_RECIPE = {
 }
 
 
-def commands(page: Path) -> list[list[str]]:
-    """The ``fedkit`` command lines of a page's ```bash blocks, as argument lists."""
-    found = []
-    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = os.path.expandvars(line.strip())
-            if line.startswith("fedkit "):
-                found.append(shlex.split(line)[1:])
-    return found
-
-
 def shrunk(args: list[str]) -> list[str]:
     if args[0] != "run":
         return args
@@ -56,7 +43,7 @@ def shrunk(args: list[str]) -> list[str]:
     for prefix, items in PER_RECIPE.items():
         if args[1].startswith(prefix):
             extra += items
-    return [*args, *(x for item in extra for x in ("--set", item))]
+    return with_settings(args, extra)
 
 
 @pytest.mark.parametrize("page", TUTORIALS)

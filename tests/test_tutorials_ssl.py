@@ -1,20 +1,18 @@
 """Executes the SSL tutorials' commands, shrunk to tiny settings.
 
-Convention: every line of a ```bash block that starts with ``fedkit`` is a command the
-tutorial means the reader to run (``\\`` continuations joined). ``$CIFAR10`` stands for the
-CIFAR-10 subset; here it points at an empty folder because every ``fedkit run`` gets
-``TINY`` appended, which switches to the bundled digits data, one round, small batches.
-``fedkit eval`` gets ``TINY_EVAL`` (short probes). Commands run in a temporary directory.
+Convention (tests/tutorials.py): the ``fedkit`` lines of ```bash blocks run through the
+CLI. ``$CIFAR10`` stands for the CIFAR-10 subset; here it points at an empty folder
+because every ``fedkit run`` gets ``TINY`` appended, which switches to the bundled
+digits data, one round, small batches. ``fedkit eval`` gets ``TINY_EVAL`` (short
+probes). Commands run in a temporary directory.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shlex
 from pathlib import Path
 
 import pytest
+from tutorials import commands, with_settings
 from typer.testing import CliRunner
 
 from fedkit.cli import app
@@ -40,20 +38,8 @@ TINY = [
 TINY_EVAL = ["evaluation.linear_epochs=10", "evaluation.semi_epochs=1", "evaluation.max_eval=60"]
 
 
-def commands(page: Path) -> list[list[str]]:
-    """The ``fedkit`` command lines of a page's ```bash blocks, as argument lists."""
-    found = []
-    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = os.path.expandvars(line.strip())
-            if line.startswith("fedkit "):
-                found.append(shlex.split(line)[1:])
-    return found
-
-
 def shrunk(args: list[str]) -> list[str]:
-    extra = {"run": TINY, "eval": TINY_EVAL}.get(args[0], [])
-    return [*args, *(x for item in extra for x in ("--set", item))]
+    return with_settings(args, {"run": TINY, "eval": TINY_EVAL}.get(args[0], []))
 
 
 @pytest.mark.parametrize("page", TUTORIALS)

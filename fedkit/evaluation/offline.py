@@ -9,14 +9,13 @@ by ``evaluation.max_eval``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
+from fedkit.checkpoint import saved_part
 from fedkit.checks import check_data
 from fedkit.data.datasets import load_splits
 from fedkit.engine import resolve_device
@@ -30,19 +29,9 @@ PROTOCOLS = ("knn", "linear", "semi")
 
 def saved_encoder(run_dir: Path, recipe: Recipe, client: int | None = None) -> nn.Module:
     """The encoder of cluster 0 (or of ``client``) from the run's newest checkpoint."""
-    pointer = run_dir / "checkpoints" / "latest.json"
-    if not pointer.is_file():
-        raise FedkitError(f"{run_dir}: no checkpoint yet (checkpoints/latest.json is missing)")
-    folder = run_dir / "checkpoints" / json.loads(pointer.read_text())["folder"]
-    file, group = ("pool", "0") if client is None else ("clients", str(client))
-    tensors = load_file(folder / f"{file}.safetensors")
-    prefix = f"{group}/encoder."
-    state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-    if not state:
-        what = "cluster 0" if client is None else f"client {client}"
-        raise FedkitError(f"{folder}: no encoder of {what} in {file}.safetensors")
+    group, file = ("0", "pool") if client is None else (str(client), "clients")
     encoder = create_backbone(recipe.backbone)
-    encoder.load_state_dict(state)
+    encoder.load_state_dict(saved_part(run_dir, "encoder", group, file))
     return encoder
 
 
