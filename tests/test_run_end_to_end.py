@@ -26,6 +26,7 @@ def test_fedavg_learns_and_writes_run_directory(write_recipe, tmp_path):
     out = tmp_path / "run"
     result = run_cli(write_recipe, out, federation={"rounds": 4, "local_epochs": 2})
     assert "round   4/4" in result.output and "run summary" in result.output
+    assert "Partition" in result.output and "test_accuracy" in result.output
     rows = read_metrics(out)
     assert [r["round"] for r in rows] == [1, 2, 3, 4]
     assert rows[-1]["test_accuracy"] > 0.3  # 10 classes: chance is 0.1
