@@ -16,6 +16,12 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f' (did you mean "{match[0]}"?)' if match else ""
 
 
+def unknown_hint(word: str, choices: Iterable[str], what: str = "key") -> str:
+    """' (unknown key; did you mean "x"?)', or ' (unknown key)' when nothing is close."""
+    suggestion = did_you_mean(word, choices)
+    return f" (unknown {what}; {suggestion[2:]}" if suggestion else f" (unknown {what})"
+
+
 class FedkitError(Exception):
     """Bad input from the user: a recipe, an option, a path. Exit code 2, no traceback."""
 

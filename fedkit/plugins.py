@@ -20,8 +20,15 @@ import pluggy
 from pydantic import BaseModel, ValidationError
 
 from fedkit import PROJECT, hookspecs
-from fedkit.errors import ClaimConflict, FedkitError, PluginError, RecipeError, did_you_mean
-from fedkit.recipe import Recipe
+from fedkit.errors import (
+    ClaimConflict,
+    FedkitError,
+    PluginError,
+    RecipeError,
+    did_you_mean,
+    unknown_hint,
+)
+from fedkit.recipe import Recipe, expected_from
 
 GROUP = "fedkit"
 
@@ -85,10 +92,13 @@ def _instantiate(name: str, obj: Any, options: dict[str, Any], index: int) -> An
         except ValidationError as exc:
             err = exc.errors()[0]
             key = ".".join(str(p) for p in err["loc"])
-            known = list(schema.model_fields)
-            hint = did_you_mean(key, known) if err["type"] == "extra_forbidden" else ""
-            expected = err["msg"] + (f" (known options: {', '.join(known)})" if hint else "")
-            raise RecipeError(f"{where}.{key}", expected, err.get("input"), hint=hint) from None
+            if err["type"] == "extra_forbidden":
+                known = list(schema.model_fields)
+                expected = "one of the options " + ", ".join(known) if known else "no options"
+                hint = unknown_hint(key, known, "option")
+                raise RecipeError(f"{where}.{key}", expected, hint=hint) from None
+            expected = expected_from(err["msg"])
+            raise RecipeError(f"{where}.{key}", expected, err.get("input")) from None
     elif options:
         raise RecipeError(where, "no options (this plugin declares none)", options)
     return obj(options) if schema is not None else obj()

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fedkit.errors import RecipeError, did_you_mean
+from fedkit.errors import RecipeError, unknown_hint
 
 
 class Section(BaseModel):
@@ -169,6 +169,11 @@ def _section_fields(path: tuple[Any, ...]) -> list[str]:
     return list(getattr(model, "model_fields", {}))
 
 
+def expected_from(message: str) -> str:
+    """A pydantic error message turned into the "expected ..." part of a ``RecipeError``."""
+    return re.sub(r"^(Input should be|Value error,) ", "", message)
+
+
 def _translate(error: ValidationError, file: str | None) -> RecipeError:
     first = error.errors()[0]
     loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and "[" in p))
@@ -176,11 +181,9 @@ def _translate(error: ValidationError, file: str | None) -> RecipeError:
     found = first.get("input")
     if first["type"] == "extra_forbidden":
         allowed = _section_fields(loc[:-1])
-        hint = f" (unknown key{did_you_mean(str(loc[-1]), allowed).replace(' (', '; ')}"
-        hint = hint if hint.endswith(")") else hint + ")"
+        hint = unknown_hint(str(loc[-1]), allowed)
         return RecipeError(key, "one of " + ", ".join(allowed), file=file, hint=hint)
-    expected = re.sub(r"^(Input should be|Value error,) ", "", first["msg"])
-    return RecipeError(key, expected, found, file=file)
+    return RecipeError(key, expected_from(first["msg"]), found, file=file)
 
 
 def parse_value(text: str) -> Any:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
@@ -25,6 +26,18 @@ from fedkit.server import Server
 from fedkit.training import make_optimizer, normalize, supervised_loss, train_supervised
 
 ENCODER_FILE = "encoder.safetensors"
+
+
+class PoolOptions(BaseModel):
+    """Options every clustered plugin shares: the pool, its heads, an optional encoder."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_clusters: int = Field(3, ge=1)
+    head: Literal["c", "c-1", "c-2", "c-3"] = "c"
+    head_hidden: int = Field(128, gt=0)
+    encoder: str | None = None
+    broadcast_pool: bool = True
 
 
 def load_encoder(path: str | Path, where: str = "encoder") -> dict[str, Tensor]:

@@ -14,20 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import Tensor, nn
 
 from fedkit import hookimpl
 from fedkit.client import Client
 from fedkit.errors import RecipeError
 from fedkit.evaluation.metrics import relevance_score
-from fedkit.models.heads import CLASSIFIER_VARIANTS
 from fedkit.recipe import Recipe
 from fedkit.seeding import derive
 from fedkit.server import Server
 from fedkit.ssl.pretrain import PretrainConfig, pretrain_encoder
 from fedkit_plugins.clustered import (
     ENCODER_FILE,
+    PoolOptions,
     Scratch,
     build_pool,
     load_encoder,
@@ -44,16 +44,9 @@ RELEVANCE_IMAGES = 300
 class CPCFL:
     """CP-CFL: server-side contrastive pre-training, N heads, random then lowest-loss."""
 
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
-        num_clusters: int = Field(3, ge=1)
+    class Options(PoolOptions):
         switch_round: int = Field(10, ge=0)
-        head: str = "c"
-        head_hidden: int = Field(128, gt=0)
-        encoder: str | None = None
         pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
-        broadcast_pool: bool = True
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -63,10 +56,6 @@ class CPCFL:
     @hookimpl
     def configure(self, recipe: Recipe, server: Server) -> None:
         o = self.options
-        if o.head not in CLASSIFIER_VARIANTS:
-            raise RecipeError(
-                "plugins.cpcfl.head", "one of " + ", ".join(CLASSIFIER_VARIANTS), o.head
-            )
         saved = server.out / ENCODER_FILE if server.out is not None else None
         if o.encoder is not None:
             self.encoder = load_encoder(o.encoder, "plugins.cpcfl.encoder")

@@ -11,17 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import Tensor, nn
 
 from fedkit import hookimpl
 from fedkit.client import Client
-from fedkit.errors import RecipeError
-from fedkit.models.heads import CLASSIFIER_VARIANTS
 from fedkit.recipe import Recipe
 from fedkit.seeding import derive
 from fedkit.server import Server
 from fedkit_plugins.clustered import (
+    PoolOptions,
     Scratch,
     build_pool,
     collapsed,
@@ -36,16 +35,9 @@ from fedkit_plugins.clustered import (
 class IFCA:
     """IFCA: lowest-loss cluster identity per client, per-cluster FedAvg, optional restarts."""
 
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
-        num_clusters: int = Field(3, ge=1)
-        head: str = "c"
-        head_hidden: int = Field(128, gt=0)
+    class Options(PoolOptions):
         restarts: int = Field(0, ge=0)
-        encoder: str | None = None
         random_rounds: int = Field(0, ge=0)
-        broadcast_pool: bool = True
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -54,10 +46,6 @@ class IFCA:
 
     @hookimpl
     def configure(self, recipe: Recipe, server: Server) -> None:
-        if self.options.head not in CLASSIFIER_VARIANTS:
-            raise RecipeError(
-                "plugins.ifca.head", "one of " + ", ".join(CLASSIFIER_VARIANTS), self.options.head
-            )
         if self.options.encoder is not None:
             self.encoder = load_encoder(self.options.encoder, "plugins.ifca.encoder")
         server.state.setdefault("ifca_restarts", 0)
