@@ -40,6 +40,16 @@ class PoolOptions(BaseModel):
     broadcast_pool: bool = True
 
 
+class PoolPlugin:
+    """What the clustered plugins keep per run: their options, a scratch model for scoring
+    cluster models, and the encoder state the pool starts from (``None``: random)."""
+
+    def __init__(self, options: PoolOptions) -> None:
+        self.options = options
+        self.scratch = Scratch()
+        self.encoder: dict[str, Tensor] | None = None
+
+
 def load_encoder(path: str | Path, where: str = "encoder") -> dict[str, Tensor]:
     """An encoder's state from a safetensors file or a run directory.
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from pydantic import Field
-from torch import Tensor, nn
+from torch import nn
 
 from fedkit import hookimpl
 from fedkit.client import Client
@@ -28,7 +28,7 @@ from fedkit.ssl.pretrain import PretrainConfig, pretrain_encoder
 from fedkit_plugins.clustered import (
     ENCODER_FILE,
     PoolOptions,
-    Scratch,
+    PoolPlugin,
     build_pool,
     load_encoder,
     lowest_loss_cluster,
@@ -41,17 +41,12 @@ from fedkit_plugins.clustered import (
 RELEVANCE_IMAGES = 300
 
 
-class CPCFL:
+class CPCFL(PoolPlugin):
     """CP-CFL: server-side contrastive pre-training, N heads, random then lowest-loss."""
 
     class Options(PoolOptions):
         switch_round: int = Field(10, ge=0)
         pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
-
-    def __init__(self, options: Options) -> None:
-        self.options = options
-        self.scratch = Scratch()
-        self.encoder: dict[str, Tensor] | None = None
 
     @hookimpl
     def configure(self, recipe: Recipe, server: Server) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from pydantic import Field
-from torch import Tensor, nn
+from torch import nn
 
 from fedkit import hookimpl
 from fedkit.client import Client
@@ -21,7 +21,7 @@ from fedkit.seeding import derive
 from fedkit.server import Server
 from fedkit_plugins.clustered import (
     PoolOptions,
-    Scratch,
+    PoolPlugin,
     build_pool,
     collapsed,
     load_encoder,
@@ -32,17 +32,12 @@ from fedkit_plugins.clustered import (
 )
 
 
-class IFCA:
+class IFCA(PoolPlugin):
     """IFCA: lowest-loss cluster identity per client, per-cluster FedAvg, optional restarts."""
 
     class Options(PoolOptions):
         restarts: int = Field(0, ge=0)
         random_rounds: int = Field(0, ge=0)
-
-    def __init__(self, options: Options) -> None:
-        self.options = options
-        self.scratch = Scratch()
-        self.encoder: dict[str, Tensor] | None = None
 
     @hookimpl
     def configure(self, recipe: Recipe, server: Server) -> None:

@@ -10,6 +10,8 @@ import pytest
 import torch
 import yaml
 
+from fedkit import hookimpl
+
 torch.set_num_threads(int(os.environ.get("FEDKIT_TEST_THREADS", "1")))
 
 
@@ -82,3 +84,31 @@ def prepared(raw: dict[str, Any], **extra: Any):
 
     recipe, plugins = activate(raw, **extra)
     return prepare(recipe, plugins)
+
+
+class Spy:
+    """Records, per (round, client), the state local training starts from and what the
+    server sent; per round, the uploads the server aggregated. Trains nothing."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[tuple[int, int], dict[str, Any]] = {}
+        self.received: dict[tuple[int, int], dict[str, Any]] = {}
+        self.uploads: dict[int, list] = {}
+
+    @hookimpl
+    def local_train(self, client, model, server):
+        key = (server.round, client.id)
+        self.loaded[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.received[key] = dict(client.received)
+
+    @hookimpl
+    def aggregate(self, server, cluster, uploads):
+        self.uploads[server.round] = uploads
+
+
+def spied(raw: dict[str, Any], **extra: Any):
+    """A prepared run with a ``Spy`` registered next to its plugins."""
+    run = prepared(raw, **extra)
+    spy = Spy()
+    run.plugins.pm.register(spy, name="spy")
+    return run, spy

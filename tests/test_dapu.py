@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import prepared
-from test_ssl_plugins import part, rounds, same, spied, ssl_recipe
+from conftest import prepared, spied
+from test_ssl_plugins import part, rounds, same, ssl_recipe
 from torch import nn
 
 from fedkit.engine import run_round

@@ -9,11 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import prepared, tiny_recipe
+from conftest import prepared, spied, tiny_recipe
 from torch import nn
 from typer.testing import CliRunner
 
-from fedkit import hookimpl
 from fedkit.cli import app
 from fedkit.data.datasets import ImageSet
 from fedkit.engine import run_round
@@ -46,29 +45,6 @@ def fedca_recipe(rounds: int = 2, server_fraction: float = 0.2, **options):
         plugins=[{"fedca": opts}],
         evaluation={"protocol": "none", "every": 0},
     )
-
-
-class Spy:
-    """Records every round's uploads and the dictionary each client trained with."""
-
-    def __init__(self) -> None:
-        self.uploads: dict[int, list] = {}
-        self.received: dict[tuple[int, int], torch.Tensor | None] = {}
-
-    @hookimpl
-    def local_train(self, client, model, server):
-        self.received[(server.round, client.id)] = client.received.get(DICTIONARY)
-
-    @hookimpl
-    def aggregate(self, server, cluster, uploads):
-        self.uploads[server.round] = uploads
-
-
-def spied(raw):
-    run = prepared(raw)
-    spy = Spy()
-    run.plugins.pm.register(spy, name="spy")
-    return run, spy
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +86,11 @@ def test_the_global_dictionary_is_every_upload_and_goes_down_next_round(two_roun
     run, spy, _ = two_rounds
     bank = run.server.pool[0][DICTIONARY]
     assert same_rows(bank, torch.cat([u.tensors[DICTIONARY] for u in spy.uploads[2]]))
-    assert all(spy.received[(1, c.id)] is None for c in run.clients)
-    sent = spy.received[(2, 0)]
+    assert all(spy.received[(1, c.id)].get(DICTIONARY) is None for c in run.clients)
+    sent = spy.received[(2, 0)][DICTIONARY]
     assert same_rows(sent, torch.cat([u.tensors[DICTIONARY] for u in spy.uploads[1]]))
     for c in run.clients:
-        assert torch.equal(spy.received[(2, c.id)], sent)
+        assert torch.equal(spy.received[(2, c.id)][DICTIONARY], sent)
         assert run.server.ledger.rows[(2, c.id)]["down_data"] == len(sent) * DIM * 4
 
 

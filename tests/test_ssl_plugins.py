@@ -7,10 +7,9 @@ import math
 
 import pytest
 import torch
-from conftest import prepared, tiny_recipe
+from conftest import prepared, spied, tiny_recipe
 from torch import nn
 
-from fedkit import hookimpl
 from fedkit.engine import run_round
 from fedkit.ledger import tensor_bytes
 from fedkit_plugins._ssl_common import byol_loss_fn
@@ -38,31 +37,6 @@ def ssl_recipe(*plugins, rounds: int = 2, **sections):
     for name, value in sections.items():
         raw[name] = {**raw[name], **value}
     return raw
-
-
-class Spy:
-    """Records the state each client starts training from and every round's uploads."""
-
-    def __init__(self) -> None:
-        self.loaded: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-        self.uploads: dict[int, list] = {}
-
-    @hookimpl
-    def local_train(self, client, model, server):
-        self.loaded[(server.round, client.id)] = {
-            k: v.detach().clone() for k, v in model.state_dict().items()
-        }
-
-    @hookimpl
-    def aggregate(self, server, cluster, uploads):
-        self.uploads[server.round] = uploads
-
-
-def spied(raw):
-    run = prepared(raw)
-    spy = Spy()
-    run.plugins.pm.register(spy, name="spy")
-    return run, spy
 
 
 def rounds(run, n):

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tutorials import TUTORIALS, commands, with_settings
-from typer.testing import CliRunner
+from tutorials import TUTORIALS, run_tutorial, with_settings
 
-from fedkit.cli import app
 from fedkit.rundir import read_metrics
 
 TINY = [
@@ -22,13 +20,12 @@ TINY = [
 
 
 def test_fedavg_tutorial(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    cmds = commands(TUTORIALS / "fedavg.md")
-    assert [c[0] for c in cmds] == ["validate", "run", "run"]
-    for args in cmds:
-        extra = TINY if args[0] == "run" and "--resume" not in args else []
-        result = CliRunner().invoke(app, with_settings(args, extra))
-        assert result.exit_code == 0, result.output
+    def shrink(args: list[str]) -> list[str]:
+        fresh_run = args[0] == "run" and "--resume" not in args
+        return with_settings(args, TINY if fresh_run else [])
+
+    done = run_tutorial(TUTORIALS / "fedavg.md", shrink, tmp_path, monkeypatch)
+    assert [args[0] for args, _ in done] == ["validate", "run", "run"]
     out = tmp_path / "runs" / "quickstart"
     assert [row["round"] for row in read_metrics(out)] == [1, 2]
     rows = json.loads((out / "ledger.json").read_text())

@@ -13,25 +13,15 @@ from pathlib import Path
 
 import yaml
 from test_tutorials_ssl import shrunk
-from tutorials import commands
-from typer.testing import CliRunner
-
-from fedkit.cli import app
+from tutorials import run_tutorial
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "tutorials" / "fedca.md"
 
 
 def test_fedca_tutorial_runs_and_its_ledger_shows_the_uploaded_features(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("CIFAR10", str(tmp_path))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    cmds = commands(PAGE)
-    assert [c[0] for c in cmds] == ["plugins", "validate", "run", "eval"]
-    outputs = {}
-    for args in cmds:
-        result = CliRunner().invoke(app, shrunk(args), terminal_width=200)
-        assert result.exit_code == 0, f"fedkit {' '.join(args)}\n{result.output}"
-        outputs[args[0]] = result.output
+    done = run_tutorial(PAGE, shrunk, tmp_path, monkeypatch)
+    assert [args[0] for args, _ in done] == ["plugins", "validate", "run", "eval"]
+    outputs = {args[0]: result.output for args, result in done}
     assert "yes" in next(ln for ln in outputs["plugins"].splitlines() if "fedca" in ln)
     assert "'fedca' uploads data-derived" in outputs["run"]
     run = tmp_path / "runs" / "fedca-small"

@@ -8,7 +8,14 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+from fedkit.cli import app
 
 TUTORIALS = Path(__file__).resolve().parent.parent / "docs" / "tutorials"
 
@@ -27,3 +34,24 @@ def commands(page: Path) -> list[list[str]]:
 def with_settings(args: list[str], settings: list[str]) -> list[str]:
     """``args`` followed by ``--set`` for each setting."""
     return [*args, *(x for item in settings for x in ("--set", item))]
+
+
+def run_tutorial(
+    page: Path,
+    shrink: Callable[[list[str]], list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> list[tuple[list[str], Result]]:
+    """Run a page's commands in order inside ``tmp_path`` (``$CIFAR10`` pointing there),
+    each shrunk by ``shrink``; every one must exit 0. Returns (args, result) pairs."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CIFAR10", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cmds = commands(page)
+    assert any(c[0] == "run" for c in cmds), f"{page.name} has no `fedkit run` command"
+    done = []
+    for args in cmds:
+        result = CliRunner().invoke(app, shrink(args), terminal_width=200)
+        assert result.exit_code == 0, f"fedkit {' '.join(args)}\n{result.output}"
+        done.append((args, result))
+    return done
