@@ -2,10 +2,12 @@
 
 import pluggy
 
-__version__ = "0.1.0"
+from fedkit.options import PluginOptions
+
+__version__ = "0.2.0"
 
 PROJECT = "fedkit"
 hookimpl = pluggy.HookimplMarker(PROJECT)
 """Decorator marking a plugin method as the implementation of a fedkit hook."""
 
-__all__ = ["PROJECT", "hookimpl", "__version__"]
+__all__ = ["PROJECT", "PluginOptions", "hookimpl", "__version__"]

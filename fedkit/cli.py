@@ -146,14 +146,16 @@ def eval_(
 def list_plugins() -> None:
     """List installed plugins: package, hooks, and whether they upload data-derived tensors."""
     table = Table(title="fedkit plugins")
-    for column in ("plugin", "package", "hooks", "data-derived uploads", "summary"):
+    for column in ("plugin", "package", "server hooks", "client hooks", "data-derived", "summary"):
         table.add_column(column)
     for name, ep in plugin_registry.discover().items():
         info = plugin_registry.describe(ep)
+        sides = info.hooks_by_side()
         table.add_row(
             name,
             f"{info.package} {info.version}",
-            ", ".join(info.hooks),
+            ", ".join(sides["server"]),
+            ", ".join(sides["client"]),
             "yes" if info.uploads_data_derived else "no",
             info.summary,
         )

@@ -1,28 +1,32 @@
-"""The federated round loop: sample → select_cluster → update_client → local_train →
-upload_selection → aggregate → round_end → evaluate. Everything method-specific is a hook."""
+"""The federated round loop. Server side: sample_clients → downlink; client side (in the
+executor): select_cluster → update_client → training → upload_selection →
+process_upload; server side again: aggregate → server_update → round_end → evaluate."""
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from fedkit.aggregation import weighted_mean
-from fedkit.client import Client
+from fedkit.client import ClientData
+from fedkit.client_metrics import summarise
 from fedkit.data.federated import build_federated_data
 from fedkit.errors import RecipeError
 from fedkit.evaluation.runner import evaluate_round
+from fedkit.executor import Executor, make_executor
+from fedkit.messages import ClientJob, ClientResult, ClientSetup, read_only
 from fedkit.plugins import Plugins
 from fedkit.recipe import Recipe
 from fedkit.seeding import derive, seed_everything
-from fedkit.server import Server, Upload, is_private
-from fedkit.state_store import MemoryStore, StateStore
+from fedkit.server import Server, Upload
+
+if TYPE_CHECKING:
+    from fedkit.checkpoint import Snapshot
 
 
 class Reporter(Protocol):
@@ -41,19 +45,14 @@ class SilentReporter:
 
 @dataclass
 class Run:
-    """Everything one run holds: recipe, active plugins, server, clients, client states."""
+    """One run: the recipe, the server-side plugins, the server and the executor (which
+    holds the clients' data and memories)."""
 
     recipe: Recipe
     plugins: Plugins
     server: Server
-    clients: list[Client]
-    store: StateStore
-    model: nn.ModuleDict
+    executor: Executor
     history: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def hook(self) -> Any:
-        return self.plugins.hook
 
 
 def resolve_device(name: str) -> torch.device:
@@ -64,8 +63,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def prepare(recipe: Recipe, plugins: Plugins | None = None, out: Path | None = None) -> Run:
-    """Build data, clients, plugins and the initial pool: everything before round 1."""
+def prepare(
+    recipe: Recipe, plugins: Plugins | None = None, snapshot: Snapshot | None = None
+) -> Run:
+    """Build data, server, plugins, the initial pool and the executor: everything before
+    round 1. With a checkpoint ``snapshot``, server values are restored before
+    ``configure`` (so ``server.once`` hands back what was computed) and the rest after."""
     plugins = plugins or Plugins(recipe)
     if recipe.federation.clients_per_round > recipe.data.num_clients:
         raise RecipeError(
@@ -76,28 +79,35 @@ def prepare(recipe: Recipe, plugins: Plugins | None = None, out: Path | None = N
     device = resolve_device(recipe.device)
     data = build_federated_data(recipe.data, recipe.seed)
     server = Server(recipe, data, device)
-    clients = [
-        Client(i, data.train.subset(tr), data.test.subset(te), device)
-        for i, (tr, te) in enumerate(zip(data.clients, data.client_tests, strict=True))
-    ]
-    server.clients, server.store, server.out = clients, MemoryStore(), out
-    plugins.hook.configure(recipe=recipe, server=server)
-    private = {p for parts in plugins.hook.private_parts(recipe=recipe) for p in parts or []}
+    if snapshot is not None:
+        server.state, server.tensors = snapshot.server_state, snapshot.server_tensors
+    plugins.call("configure", recipe=recipe, server=server)
     seed_everything(derive(recipe.seed, "init"))
-    models = plugins.hook.init_models(server=server)
+    models = plugins.call("init_models", server=server)
     if not models:
         raise RecipeError(
             "plugins",
             "a plugin that builds the model (implements init_models; see `fedkit plugins`)",
             plugins.names,
         )
-    server.set_pool(models, private)
-    model = copy.deepcopy(server.template).to(device)
-    return Run(recipe, plugins, server, clients, server.store, model)
+    answers = plugins.call("private_keys", recipe=recipe, model=models[0])
+    server.set_pool(models, frozenset(k for keys in answers for k in keys or ()))
+    patterns = plugins.call("auxiliary_keys", recipe=recipe)
+    server.ledger.aux_patterns = tuple(p for found in patterns for p in found or ())
+    available = plugins.available if plugins.custom else None
+    setup = ClientSetup(recipe, server.template, server.private, str(device), available)
+    clients = {
+        i: ClientData(i, data.train.subset(tr), data.test.subset(te))
+        for i, (tr, te) in enumerate(zip(data.clients, data.client_tests, strict=True))
+    }
+    run = Run(recipe, plugins, server, make_executor(recipe.engine.executor, setup, clients))
+    if snapshot is not None:
+        snapshot.restore(run)
+    return run
 
 
-def sample_clients(recipe: Recipe, round: int) -> list[int]:
-    """The clients taking part in a round, drawn from a generator seeded by (seed, round)."""
+def default_sample(recipe: Recipe, round: int) -> list[int]:
+    """The clients of a round, drawn uniformly from a generator seeded by (seed, round)."""
     rng = np.random.default_rng(derive(recipe.seed, "sample", round))
     n, k = recipe.data.num_clients, recipe.federation.clients_per_round
     return sorted(rng.choice(n, size=k, replace=False).tolist())
@@ -105,72 +115,76 @@ def sample_clients(recipe: Recipe, round: int) -> list[int]:
 
 def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> dict[str, Any]:
     """One federated round; returns its metrics row."""
-    server, hook = run.server, run.hook
+    server, plugins, seed = run.server, run.plugins, run.recipe.seed
     server.round = round
-    sampled = sample_clients(run.recipe, round)
+    sampled = checked_sample(run, plugins.call("sample_clients", server=server, round=round))
     reporter.round_started(round, sampled)
-    uploads: dict[int, list[Upload]] = defaultdict(list)
-    losses: list[float] = []
+    offers = read_only(server.pool)
+    jobs = []
     for cid in sampled:
-        client = run.clients[cid]
-        client.round = round
-        client.rng = seed_everything(derive(run.recipe.seed, "client", round, cid))
-        cluster = hook.select_cluster(client=client, server=server)
-        cluster = 0 if cluster is None else int(cluster)
-        upload, stats = train_client(run, client, cluster)
-        uploads[cluster].append(upload)
-        losses.append(float(stats.get("loss", float("nan"))))
-        client.participations += 1
-        client.cluster = cluster
-        reporter.client_done(round, cid)
+        extra = plugins.claims("downlink", server=server, client=server.roster[cid])
+        server.ledger.record(round, cid, "down", extra)
+        jobs.append(ClientJob(round, cid, derive(seed, "client", round, cid), offers, extra))
+    results: list[ClientResult] = []
+    for result in run.executor.run(jobs):
+        receive(server, result)
+        results.append(result)
+        reporter.client_done(round, result.client)
+    results.sort(key=lambda r: r.client)
+    seed_everything(derive(seed, "server", round))
+    uploads: dict[int, list[Upload]] = defaultdict(list)
+    for r in results:
+        uploads[r.cluster].append(Upload(r.client, r.weight, r.upload))
     for cluster, ups in sorted(uploads.items()):
-        server.pool[cluster] = aggregate_cluster(run, cluster, ups)
-    metrics: dict[str, Any] = {
-        "round": round,
-        "clients": sampled,
-        "train_loss": float(np.mean(losses)),
-        "clusters": {str(c.id): c.cluster for c in run.clients if c.cluster is not None},
-        "bytes": server.ledger.totals(round),
-    }
-    hook.round_end(server=server, metrics=metrics)
-    metrics.update(evaluate_round(run, round))
+        server.pool[cluster] = update_cluster(run, cluster, ups)
+    metrics: dict[str, Any] = {"round": round, "clients": sampled, **summarise(results)}
+    metrics["clusters"] = {str(c.id): c.cluster for c in server.roster if c.cluster is not None}
+    metrics["bytes"] = server.ledger.totals(round)
+    plugins.call("round_end", server=server, metrics=metrics)
+    metrics.update(evaluate_round(server, run.executor, plugins, round))
     reporter.round_done(round, metrics)
     return metrics
 
 
-def train_client(run: Run, client: Client, cluster: int) -> tuple[Upload, dict[str, Any]]:
-    """update_client → local_train → upload_selection for one client."""
-    server, plugins = run.server, run.plugins
-    received = client.received = server.download(client, cluster)
-    local = run.store.get(client.id) or {
-        k: v.clone() for k, v in server.template.state_dict().items()
-    }
-    claimed = plugins.claims(
-        "update_client", client=client, server=server, received=received, local=local
-    )
-    merged = {**local, **received, **claimed}
-    run.model.load_state_dict({k: merged[k] for k in local})
-    stats = run.hook.local_train(client=client, model=run.model, server=server)
-    if stats is None:
+def checked_sample(run: Run, sampled: list[int] | None) -> list[int]:
+    """The sampler's answer (or the default draw), checked: distinct known client ids."""
+    if sampled is None:
+        return default_sample(run.recipe, run.server.round)
+    ids = sorted(int(c) for c in sampled)
+    n = len(run.server.roster)
+    if not ids or len(set(ids)) != len(ids) or ids[0] < 0 or ids[-1] >= n:
         raise RecipeError(
-            "plugins", "a plugin that trains clients (implements local_train)", plugins.names
+            "plugins", f"sample_clients to answer distinct client ids in 0..{n - 1}", sampled
         )
-    after = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
-    run.store.put(client.id, after)
-    chosen = plugins.claims("upload_selection", client=client, server=server, local=after)
-    sent = {k: v for k, v in after.items() if not is_private(k, server.private)}
-    sent.update(chosen)
-    sent = {k: v.detach().cpu() for k, v in sent.items() if v is not None}
-    server.ledger.record(server.round, client.id, "up", sent, server.model_keys)
-    return Upload(client.id, float(client.num_samples), sent), stats
+    return ids
 
 
-def aggregate_cluster(run: Run, cluster: int, uploads: list[Upload]) -> dict[str, Tensor]:
-    """Claimed keys from plugins; every other uploaded key by weighted mean."""
-    claimed = run.plugins.claims("aggregate", server=run.server, cluster=cluster, uploads=uploads)
-    state = dict(run.server.pool[cluster])
-    keys = {k for u in uploads for k in u.tensors} - set(claimed)
-    for key in sorted(keys):
+def receive(server: Server, result: ClientResult) -> None:
+    """Book a client's result: the clusters it fetched, its upload, its reported identity."""
+    for cluster in result.fetched:
+        server.ledger.record(server.round, result.client, "down", server.pool[cluster])
+    server.ledger.record(server.round, result.client, "up", result.upload)
+    info = server.roster[result.client]
+    info.participations += 1
+    info.cluster, info.last_round = result.cluster, server.round
+
+
+def update_cluster(run: Run, cluster: int, uploads: list[Upload]) -> dict[str, Tensor]:
+    """``aggregate`` claims plus the weighted mean of every other uploaded key, then
+    ``server_update`` claims on top."""
+    server, plugins = run.server, run.plugins
+    previous = server.pool[cluster]
+    claimed = plugins.claims("aggregate", server=server, cluster=cluster, uploads=uploads)
+    state = dict(previous)
+    for key in sorted({k for u in uploads for k in u.tensors} - set(claimed)):
         state[key] = weighted_mean([u for u in uploads if key in u.tensors], key)
-    state.update({k: v.detach().cpu() for k, v in claimed.items()})
+    for key, value in claimed.items():
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value.detach().cpu()
+    updated = plugins.claims(
+        "server_update", server=server, cluster=cluster, previous=previous, aggregated=state
+    )
+    state.update({k: v.detach().cpu() for k, v in updated.items()})
     return state

@@ -6,8 +6,8 @@ import inspect
 import sys
 from pathlib import Path
 
-from fedkit import PROJECT, hookspecs
-from fedkit.plugins import hook_names
+from fedkit import hookspecs
+from fedkit.plugins import hook_kind, hook_names, hook_side
 
 HEADER = """# Hook reference
 
@@ -17,23 +17,23 @@ Generated from `fedkit/hookspecs.py` by `python -m fedkit.hookdocs`; do not edit
 """
 
 
-def kind(name: str) -> str:
-    if name in hookspecs.KEY_LEVEL_HOOKS:
-        return "key-level (claims)"
-    opts = getattr(getattr(hookspecs, name), f"{PROJECT}_spec")
-    return "firstresult" if opts.get("firstresult") else "all"
-
-
 def signature(name: str) -> str:
     return f"def {name}{inspect.signature(getattr(hookspecs, name))}".replace("'", "")
 
 
+def summary() -> str:
+    """A table of every hook: side and kind, in call order."""
+    rows = ["| hook | side | kind |", "|---|---|---|"]
+    rows += [f"| [`{n}`](#{n}) | {hook_side(n)} | {hook_kind(n)} |" for n in hook_names()]
+    return "\n".join(rows) + "\n"
+
+
 def render() -> str:
     """The whole reference page as markdown."""
-    parts = [HEADER, inspect.getdoc(hookspecs) or "", "\n"]
+    parts = [HEADER, inspect.getdoc(hookspecs) or "", "\n\n", summary(), "\n"]
     for name in hook_names():
         doc = inspect.getdoc(getattr(hookspecs, name)) or ""
-        head = f"\n## `{name}`\n\n*Kind:* {kind(name)}\n\n"
+        head = f"\n## `{name}`\n\n*Side:* {hook_side(name)} · *Kind:* {hook_kind(name)}\n\n"
         parts.append(f"{head}```python\n{signature(name)}\n```\n")
         parts.append(f"\n{doc}\n")
     return "".join(parts)

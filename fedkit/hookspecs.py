@@ -1,24 +1,34 @@
-"""The hooks a fedkit plugin can implement, in the order a run calls them.
+"""The hooks a fedkit plugin can implement (contract v2), in the order a round calls them.
 
 Each docstring here is the reference documentation: ``docs/hooks.md`` is generated from
 it (``python -m fedkit.hookdocs``) and a test checks the two agree.
 
-Three kinds of hook:
+**Two sides.** Every hook runs either on the server or on a client, as it would in a real
+federation. Server-side hooks receive the ``Server`` (pool, ledger, recipe, data for
+evaluation). Client-side hooks receive a ``ClientContext`` that holds only what a real
+client has: its id, its private data, what it keeps between rounds (``state``,
+``tensors``), what the server sent it this round (``received``), the recipe, the round,
+its device and RNG, and ``fetch(cluster)`` to download another cluster model (counted by
+the ledger). Each side builds its own plugin instances from the recipe, so nothing a
+plugin stores on ``self`` on one side is visible on the other; whatever crosses goes
+through the core, which books it in the ledger.
 
-* **all** hooks call every implementation (``configure``, ``private_parts``,
-  ``round_end``, ``evaluate``).
-* **firstresult** hooks stop at the first implementation returning something other than
-  ``None`` (``init_models``, ``select_cluster``, ``local_train``). Recipe order decides:
-  the plugin listed first is asked first.
-* **key-level** hooks (``update_client``, ``upload_selection``, ``aggregate``) let every
-  plugin *claim* the state keys it handles by returning a ``{key: value}`` mapping. Keys
-  nobody claims get the plain defaults (send, weighted mean, replace). Two plugins
-  claiming the same key is an error naming both.
+**Four kinds of hook.**
+
+* **all**: every implementation is called (``configure``, ``round_end``, ...).
+* **firstresult**: the first implementation that returns something other than ``None``
+  answers; the plugin listed first in the recipe is asked first.
+* **claims** (key-level): every plugin returns ``{key: value}`` for the keys it takes
+  charge of; keys nobody claims get the core default. Two plugins claiming one key is an
+  error naming both.
+* **chain**: each plugin, in recipe order, receives the previous plugin's result and may
+  return a replacement (``None`` keeps it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
@@ -26,25 +36,42 @@ from fedkit import PROJECT
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
+    from torch.optim import Optimizer
 
-    from fedkit.client import Client
+    from fedkit.client import ClientContext
+    from fedkit.fit import Objective
     from fedkit.recipe import Recipe
-    from fedkit.server import Server, Upload
+    from fedkit.server import ClientInfo, Server, Upload
 
-hookspec = pluggy.HookspecMarker(PROJECT)
+SERVER, CLIENT = "server", "client"
+KINDS = ("all", "firstresult", "claims", "chain")
 
-KEY_LEVEL_HOOKS = ("update_client", "upload_selection", "aggregate")
+_hookspec = pluggy.HookspecMarker(PROJECT)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-@hookspec
+def spec(side: str, kind: str = "all") -> Callable[[F], F]:
+    """Declare a hook: the side it runs on and how its implementations combine."""
+    assert side in (SERVER, CLIENT) and kind in KINDS
+
+    def mark(fn: F) -> F:
+        fn.side, fn.kind = side, kind  # type: ignore[attr-defined]
+        return _hookspec(firstresult=kind == "firstresult")(fn)
+
+    return mark
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+@spec(SERVER)
 def configure(recipe: Recipe, server: Server) -> None:
     """Check the recipe as a whole before anything is trained.
 
-    Called once per run, after every active plugin has been constructed with its own
-    options, and before ``init_models``. Raise ``fedkit.errors.RecipeError`` for a setting
-    this plugin cannot work with (for example a missing predictor, or an option that
-    conflicts with another plugin). Values a plugin wants to keep for the run go in
-    ``server.state`` (JSON values, checkpointed) rather than in module globals.
+    Called once per run on the server, after every active plugin was constructed with
+    its options and before ``init_models``; on resume, ``server.state`` and
+    ``server.tensors`` already hold the checkpoint's values. Raise
+    ``fedkit.errors.RecipeError`` for a setting this plugin cannot work with.
 
     :param recipe: the validated recipe.
     :param server: the server; its pool is still empty.
@@ -52,135 +79,284 @@ def configure(recipe: Recipe, server: Server) -> None:
     """
 
 
-@hookspec
-def private_parts(recipe: Recipe) -> list[str] | None:
-    """Name the model parts that never leave a client (e.g. a BYOL target network).
-
-    Called once per run; the answers of all plugins are joined. Keys under a private part
-    are kept out of the server's pool, out of the default upload, and out of the default
-    update: each client keeps its own copy across rounds in the client state store.
-
-    :param recipe: the validated recipe.
-    :returns: part names (top-level keys of the model's ``ModuleDict``), or ``None``.
-    """
-
-
-@hookspec(firstresult=True)
+@spec(SERVER, "firstresult")
 def init_models(server: Server) -> list[nn.ModuleDict] | None:
     """Build the server's initial pool of models: one per cluster.
 
-    Called once per run, on the server, after ``configure``. The first model is also the
-    template every client's working model is built from, so it must contain every part
-    (private ones too). A pool of one model is plain federated learning; clustered methods
-    return N models. Server-side pre-training belongs here too; put tensors the run must
-    keep (a pre-trained encoder, say) in ``server.tensors`` so that checkpoints hold them.
-    Built-in default: none — a plugin must provide the model (a supervised plugin can
-    use ``fedkit.models.build_classifier``: the recipe's backbone plus a linear head).
+    Called once per run on the server, after ``configure``, with the global RNGs seeded
+    from the run seed. The first model is also the *template*: every client's working
+    model is built from it, so it holds every part (private ones too) and its values are
+    what a client starts from on its first participation. Work done once (server-side
+    pre-training, loading a warm-start encoder) goes through ``server.once(name,
+    compute)``: the core keeps the result in checkpoints and hands it back on resume.
 
     :param server: the server, with ``recipe``, ``data`` and ``device`` set.
     :returns: a list of ``torch.nn.ModuleDict`` (one per cluster), or ``None`` to pass.
     """
 
 
-@hookspec(firstresult=True)
-def select_cluster(client: Client, server: Server) -> int | None:
-    """Choose which model of the pool a sampled client works on this round.
+@spec(SERVER)
+def private_keys(recipe: Recipe, model: nn.ModuleDict) -> Iterable[str] | None:
+    """Name the model keys that never leave a client (a target network, BN layers).
 
-    Called per sampled client per round, before ``update_client``. A plugin that looks at
-    several cluster models (lowest-loss selection evaluates all of them) fetches each with
-    ``server.download(client, cluster)``, which records the bytes in the ledger once per
-    cluster per round. Default (no plugin answers): cluster 0.
+    Called once per run on the server with the template; the answers of all plugins are
+    joined and sent to every client with the template. A private key is not in the pool,
+    not sent down, not uploaded and not counted; each client keeps its own value across
+    rounds, and personalised evaluation uses it. ``fedkit.keys`` has helpers:
+    ``under(model, parts)`` for whole parts, ``norm_keys(model)`` for normalisation
+    layers.
 
-    :param client: the sampled client (its data, ``state``, ``rng``, previous ``cluster``).
-    :param server: the server with its pool.
-    :returns: a cluster index in ``range(len(server.pool))``, or ``None`` to pass.
+    :param recipe: the validated recipe.
+    :param model: the template model.
+    :returns: state-dict keys of ``model``, or ``None``.
     """
 
 
-@hookspec
+@spec(SERVER)
+def auxiliary_keys(recipe: Recipe) -> Iterable[str] | None:
+    """Declare which non-model keys this plugin sends are auxiliary, not data-derived.
+
+    The ledger books every transfer in three categories: model parameters (keys of the
+    template), auxiliary tensors (control variates, optimiser state: not computed from
+    data features) and data-derived tensors (features, statistics, public data). A
+    non-model key is data-derived unless a plugin declares it auxiliary here.
+
+    :param recipe: the validated recipe.
+    :returns: ``fnmatch`` patterns of keys (``"scaffold.*"``), or ``None``.
+    """
+
+
+# --------------------------------------------------------------------------- server, round start
+
+
+@spec(SERVER, "firstresult")
+def sample_clients(server: Server, round: int) -> list[int] | None:
+    """Choose the clients taking part in a round.
+
+    Called once per round on the server. The default draws
+    ``federation.clients_per_round`` clients uniformly without replacement from a
+    generator seeded by (seed, round). Availability models, power-of-choice or dropout
+    schedules answer here; draw from ``numpy.random.default_rng(fedkit.seeding.derive(
+    server.recipe.seed, "my-plugin", round))`` so that resumed runs match.
+
+    :param server: the server (``roster`` holds what it knows of each client).
+    :param round: the round about to run (1-based).
+    :returns: distinct client ids, or ``None`` to pass.
+    """
+
+
+@spec(SERVER, "claims")
+def downlink(server: Server, client: ClientInfo) -> dict[str, Tensor] | None:
+    """Send a sampled client tensors besides its cluster's state (claims).
+
+    Called on the server per sampled client per round, before the client runs. What is
+    returned reaches the client in ``ctx.received`` and is booked in the ledger (public
+    data, a per-client message). Values that every client of a cluster needs belong in
+    the cluster state instead (claim them in ``aggregate``).
+
+    :param server: the server.
+    :param client: what the server knows of the client (id, samples, participations).
+    :returns: ``{key: tensor}``, or ``None``.
+    """
+
+
+# --------------------------------------------------------------------------- client
+
+
+@spec(CLIENT, "firstresult")
+def select_cluster(ctx: ClientContext, model: nn.ModuleDict) -> int | None:
+    """Choose which cluster model the client works on this round.
+
+    Called on the client first in its round. ``ctx.fetch(c)`` downloads cluster ``c``'s
+    state (booked once per cluster per round); ``model`` is the client's working model,
+    free to load fetched states into for scoring (it is reloaded afterwards). Default
+    (no plugin answers): cluster 0.
+
+    :param ctx: the client context; ``ctx.received`` holds only ``downlink`` tensors yet.
+    :param model: the working model (template architecture, on ``ctx.device``).
+    :returns: a cluster index, or ``None`` to pass.
+    """
+
+
+@spec(CLIENT, "claims")
 def update_client(
-    client: Client, server: Server, received: dict[str, Tensor], local: dict[str, Tensor]
+    ctx: ClientContext, received: dict[str, Tensor], local: dict[str, Tensor]
 ) -> dict[str, Tensor] | None:
-    """Merge the state the client received with the state it kept (key-level hook).
+    """Merge the state the client received with the state it kept (claims).
 
-    Called per sampled client per round, after ``select_cluster``. ``received`` holds the
-    chosen cluster's shared keys; ``local`` holds the client's full state from its last
-    round (on its first participation, ``client.participations == 0`` and ``local`` is the
-    template's fresh initialisation). Return the keys this plugin claims with the values
-    the client should train from. Unclaimed keys: received keys replace local ones, other
-    keys stay as they were.
+    Called on the client after ``select_cluster``. ``received`` is the chosen cluster's
+    state plus any ``downlink`` tensors; ``local`` is the client's model state from its
+    last round (on its first participation, ``ctx.participations == 0`` and ``local``
+    is the template's). Unclaimed keys: received model keys replace local ones.
 
-    :param client: the client.
-    :param server: the server.
-    :param received: the cluster state sent down (do not modify in place).
-    :param local: the client's kept state.
-    :returns: ``{key: tensor}`` for the claimed keys, or ``None`` to claim nothing.
+    :param ctx: the client context.
+    :param received: what the server sent (do not modify in place).
+    :param local: the client's kept model state.
+    :returns: ``{key: tensor}`` for the keys this plugin sets, or ``None``.
     """
 
 
-@hookspec(firstresult=True)
-def local_train(client: Client, model: nn.ModuleDict, server: Server) -> dict[str, Any] | None:
-    """Train the client's working model on its private data.
+@spec(CLIENT, "firstresult")
+def local_objective(ctx: ClientContext, model: nn.ModuleDict) -> Objective | None:
+    """Describe what local training minimises; the core runs the loop.
 
-    Called per sampled client per round, after ``update_client`` loaded the merged state
-    into ``model`` (on ``client.device``). Train ``model`` in place. Global and numpy
-    random generators are seeded per (round, client) before the call, and ``client.rng``
-    is a ``torch.Generator`` seeded the same way, so runs are reproducible.
+    Called on the client after ``update_client`` loaded the merged state into ``model``.
+    Return a ``fedkit.fit.Objective`` (a loss on a batch, the batches, what the optimiser
+    updates); the core's fit loop runs ``federation.local_epochs`` epochs with the
+    recipe's optimiser and lets other plugins add ``loss_terms`` and act in
+    ``before_step``. ``fedkit.training.supervised_objective`` and
+    ``fedkit.ssl.local.two_view_objective`` build the common ones.
 
-    :param client: the client, with ``train`` data, ``state`` and ``round``.
-    :param model: the working ``ModuleDict`` (template architecture, client's state).
-    :param server: the server (recipe, round, device).
-    :returns: metrics such as ``{"loss": float}``; ``None`` to pass to the next plugin.
+    :param ctx: the client context.
+    :param model: the working model, merged state loaded, on ``ctx.device``.
+    :returns: an ``Objective``, or ``None`` to pass.
     """
 
 
-@hookspec
+@spec(CLIENT, "firstresult")
+def local_train(ctx: ClientContext, model: nn.ModuleDict) -> dict[str, Any] | None:
+    """Train the working model with a loop of the plugin's own (instead of an objective).
+
+    Called on the client before ``local_objective``; a plugin answering here owns the
+    whole loop. ``ctx.fit(model, objective)`` still runs the core loop (with every
+    plugin's ``loss_terms`` and ``before_step``) for parts of it. Global RNGs are seeded
+    per (round, client) and ``ctx.rng`` is a seeded ``torch.Generator``.
+
+    :param ctx: the client context.
+    :param model: the working model, merged state loaded, on ``ctx.device``.
+    :returns: numeric metrics (``{"loss": ...}``), or ``None`` to pass.
+    """
+
+
+@spec(CLIENT, "claims")
+def loss_terms(ctx: ClientContext, model: nn.ModuleDict, batch: Any) -> dict[str, Tensor] | None:
+    """Add terms to the local loss, at every step of the core fit loop (claims).
+
+    Called on the client per batch, after the objective's loss. Every returned term is
+    added to the loss before ``backward`` and logged as ``loss_<name>`` (averaged over
+    the epoch, like ``loss``); names are claimed, so two plugins cannot add the same one.
+    FedProx's proximal term lives here.
+
+    :param ctx: the client context (``ctx.received`` holds the global model).
+    :param model: the model being trained.
+    :param batch: the objective's batch (a tuple; ``batch[0]`` holds the inputs).
+    :returns: ``{name: scalar tensor}``, or ``None``.
+    """
+
+
+@spec(CLIENT)
+def before_step(ctx: ClientContext, model: nn.ModuleDict, optimizer: Optimizer) -> None:
+    """Act on gradients after ``backward`` and before the optimiser step.
+
+    Called on the client at every step of the core fit loop, in recipe order. Gradient
+    corrections (SCAFFOLD), clipping and noise go here; modify ``p.grad`` in place.
+
+    :param ctx: the client context.
+    :param model: the model being trained.
+    :param optimizer: the optimiser about to step.
+    :returns: nothing.
+    """
+
+
+@spec(CLIENT)
+def after_local_train(
+    ctx: ClientContext, model: nn.ModuleDict, before: dict[str, Tensor]
+) -> dict[str, Any] | None:
+    """Look at what local training changed, once it finished.
+
+    Called on the client after the training loop. ``before`` is the state training
+    started from; ``model`` holds the state after (``model.state_dict()``). Store what
+    the next round needs in ``ctx.state``/``ctx.tensors``. Returned numbers reach the
+    metrics like the training loss (divergences, norms).
+
+    :param ctx: the client context (``ctx.steps``: optimiser steps just taken).
+    :param model: the trained model.
+    :param before: the model state before training (detached copies).
+    :returns: numeric metrics, or ``None``.
+    """
+
+
+@spec(CLIENT, "claims")
 def upload_selection(
-    client: Client, server: Server, local: dict[str, Tensor]
+    ctx: ClientContext, local: dict[str, Tensor], model: nn.ModuleDict
 ) -> dict[str, Tensor | None] | None:
-    """Choose what the client sends to the server after training (key-level hook).
+    """Choose what the client sends to the server after training (claims).
 
-    Called per sampled client per round, after ``local_train``; ``local`` is the client's
-    state after training. Return the keys this plugin claims: a tensor to send it (under
-    that key), ``None`` to keep it private. A claimed key that is not a model key (for
-    example ``features.x``) is sent as data-derived and the ledger marks it so; a plugin
-    that does this should set ``uploads_data_derived = True`` so that ``fedkit plugins``
-    and ``fedkit run`` can warn. Unclaimed keys: the shared (non-private) model keys are
-    sent as they are.
+    Called on the client after ``after_local_train``. Return a tensor to send it under
+    that key, ``None`` to withhold it. A non-model key is booked as data-derived unless a
+    plugin declared it in ``auxiliary_keys``; a plugin sending data-derived keys should
+    set ``uploads_data_derived = True`` so that ``fedkit plugins`` and ``fedkit run``
+    warn. Unclaimed keys: the model's shared keys are sent as they are.
 
-    :param client: the client.
-    :param server: the server.
-    :param local: the client's state after local training.
-    :returns: ``{key: tensor or None}`` for the claimed keys, or ``None``.
+    :param ctx: the client context.
+    :param local: the client's model state after training (detached copies).
+    :param model: the trained working model (for computing features).
+    :returns: ``{key: tensor or None}``, or ``None``.
     """
 
 
-@hookspec
-def aggregate(server: Server, cluster: int, uploads: list[Upload]) -> dict[str, Tensor] | None:
-    """Combine the uploads of the clients that worked on one cluster (key-level hook).
+@spec(CLIENT, "chain")
+def process_upload(ctx: ClientContext, upload: dict[str, Tensor]) -> dict[str, Tensor] | None:
+    """Transform the whole upload just before it leaves the client (chain).
 
-    Called per cluster per round, for clusters at least one client chose (a cluster
-    nobody chose keeps its model). Each ``Upload`` has ``client``, ``weight`` (the
-    client's number of training samples) and ``tensors``. Return the keys this plugin
-    claims with their new server values; claimed keys not in the model are kept in the
-    cluster state and sent down with it next round. Unclaimed keys: the mean weighted by
-    ``weight`` (floating tensors, BN statistics included); integer buffers take the
-    weighted mean rounded down.
+    Called on the client after ``upload_selection``, in recipe order, each plugin seeing
+    the previous one's result. Clipping for differential privacy, compression and
+    quantisation go here; the ledger counts what this returns.
+
+    :param ctx: the client context (``ctx.received`` holds what was sent down).
+    :param upload: the tensors about to be sent.
+    :returns: the upload to send instead, or ``None`` to keep it.
+    """
+
+
+# --------------------------------------------------------------------------- server, round end
+
+
+@spec(SERVER, "claims")
+def aggregate(server: Server, cluster: int, uploads: list[Upload]) -> dict[str, Any] | None:
+    """Combine the uploads of the clients that worked on one cluster (claims).
+
+    Called on the server per cluster per round, for clusters at least one client chose.
+    Each ``Upload`` has ``client``, ``weight`` (its sample count) and ``tensors``. Return
+    the keys this plugin sets with their new server values; a claimed non-model key stays
+    in the cluster state and is sent down with it next round; a key claimed with
+    ``None`` is dropped from the cluster state. Unclaimed keys: the mean weighted by
+    ``weight`` (integer buffers: weighted mean rounded down).
 
     :param server: the server.
     :param cluster: the cluster index.
-    :param uploads: what each client of the cluster sent.
-    :returns: ``{key: tensor}`` for the claimed keys, or ``None``.
+    :param uploads: what each client of the cluster sent, in client-id order.
+    :returns: ``{key: tensor or None}``, or ``None``.
     """
 
 
-@hookspec
+@spec(SERVER, "claims")
+def server_update(
+    server: Server, cluster: int, previous: dict[str, Tensor], aggregated: dict[str, Tensor]
+) -> dict[str, Tensor] | None:
+    """Turn the aggregate into the cluster's next state (claims; server optimisers).
+
+    Called on the server per aggregated cluster, after ``aggregate``. ``previous`` is the
+    cluster state the round started from, ``aggregated`` the result of aggregation.
+    Unclaimed keys take the aggregated value. FedAvgM and FedAdam treat
+    ``previous − aggregated`` as a pseudo-gradient here; keep optimiser state in
+    ``server.tensors``.
+
+    :param server: the server.
+    :param cluster: the cluster index.
+    :param previous: the cluster state before this round.
+    :param aggregated: the state ``aggregate`` produced.
+    :returns: ``{key: tensor}``, or ``None``.
+    """
+
+
+@spec(SERVER)
 def round_end(server: Server, metrics: dict[str, Any]) -> None:
     """Run server-side logic after aggregation (logging, schedules, restarts).
 
-    Called once per round, after every cluster was aggregated and before evaluation.
-    Add entries to ``metrics`` to have them written to ``metrics.jsonl`` (JSON values
-    only; they must be deterministic for resumed runs to match).
+    Called once per round on the server, after every cluster was updated and before
+    evaluation. Add entries to ``metrics`` to have them written to ``metrics.jsonl``
+    (JSON values; deterministic, so that resumed runs match).
 
     :param server: the server, pool updated.
     :param metrics: this round's metrics row so far (mutable).
@@ -188,13 +364,13 @@ def round_end(server: Server, metrics: dict[str, Any]) -> None:
     """
 
 
-@hookspec
+@spec(SERVER)
 def evaluate(server: Server, round: int) -> dict[str, Any] | None:
     """Add evaluation metrics for this round.
 
-    Called every ``evaluation.every`` rounds and after the last round, after the core's
-    own protocol (``evaluation.protocol``) ran. Results of all plugins are merged into
-    the round's metrics row.
+    Called on the server every ``evaluation.every`` rounds and after the last one, after
+    the core's protocol (global and per-client) ran. Results of all plugins are merged
+    into the round's metrics row.
 
     :param server: the server.
     :param round: the round just finished (1-based).

@@ -1,9 +1,10 @@
-"""Plugin discovery and activation.
+"""Plugin discovery and activation, one plugin manager per side of a run.
 
 Plugins are found through the ``fedkit`` entry-point group, built-in ones included. An
-entry point names a class or a module. A class is constructed once per run with the
-plugin's options from the recipe (validated by its nested pydantic ``Options`` model, if
-it has one), so plugin state never outlives a run; a module is registered as it is.
+entry point names a class or a module. Each side of a run (the server, and every place
+clients run) builds its own ``Plugins`` from the recipe: a class is constructed with its
+options (validated by its nested ``Options`` model; unknown keys are errors), so the two
+sides never share an instance. A module is registered as it is and takes no options.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from fedkit.errors import (
 from fedkit.recipe import Recipe, expected_from
 
 GROUP = "fedkit"
+SIDES = (hookspecs.SERVER, hookspecs.CLIENT)
 
 
 def discover() -> dict[str, EntryPoint]:
@@ -38,13 +40,21 @@ def discover() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
-def hook_names() -> list[str]:
-    """Hook names in the order a run calls them (the order of ``hookspecs.py``)."""
+def hook_names(side: str | None = None) -> list[str]:
+    """Hook names in the order a round calls them (the order of ``hookspecs.py``)."""
     return [
         name
         for name, fn in vars(hookspecs).items()
-        if callable(fn) and hasattr(fn, f"{PROJECT}_spec")
+        if callable(fn) and hasattr(fn, f"{PROJECT}_spec") and (side is None or fn.side == side)
     ]
+
+
+def hook_side(name: str) -> str:
+    return getattr(hookspecs, name).side
+
+
+def hook_kind(name: str) -> str:
+    return getattr(hookspecs, name).kind
 
 
 def implemented_hooks(obj: Any) -> list[str]:
@@ -63,6 +73,9 @@ class PluginInfo:
     uploads_data_derived: bool
     summary: str
 
+    def hooks_by_side(self) -> dict[str, list[str]]:
+        return {side: [h for h in self.hooks if hook_side(h) == side] for side in SIDES}
+
 
 def describe(ep: EntryPoint) -> PluginInfo:
     """Load one entry point and summarise it."""
@@ -79,7 +92,26 @@ def describe(ep: EntryPoint) -> PluginInfo:
     )
 
 
-def _instantiate(name: str, obj: Any, options: dict[str, Any], index: int) -> Any:
+def _validate_options(schema: type[BaseModel], options: dict[str, Any], where: str) -> BaseModel:
+    known = list(schema.model_fields)
+    for key in options:
+        if key not in known:
+            expected = "one of the options " + ", ".join(known) if known else "no options"
+            raise RecipeError(f"{where}.{key}", expected, hint=unknown_hint(key, known, "option"))
+    try:
+        return schema.model_validate(options)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise RecipeError(
+                f"{where}.{key}", "a known option", hint=" (unknown option)"
+            ) from None
+        raise RecipeError(f"{where}.{key}", expected_from(err["msg"]), err.get("input")) from None
+
+
+def instantiate(name: str, obj: Any, options: dict[str, Any], index: int) -> Any:
+    """A plugin instance for one side: the class built with validated options, or the module."""
     where = f"plugins.{index}.{name}"
     if not inspect.isclass(obj):
         if options:
@@ -87,85 +119,105 @@ def _instantiate(name: str, obj: Any, options: dict[str, Any], index: int) -> An
         return obj
     schema = getattr(obj, "Options", None)
     if isinstance(schema, type) and issubclass(schema, BaseModel):
-        try:
-            options = schema.model_validate(options)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            key = ".".join(str(p) for p in err["loc"])
-            if err["type"] == "extra_forbidden":
-                known = list(schema.model_fields)
-                expected = "one of the options " + ", ".join(known) if known else "no options"
-                hint = unknown_hint(key, known, "option")
-                raise RecipeError(f"{where}.{key}", expected, hint=hint) from None
-            expected = expected_from(err["msg"])
-            raise RecipeError(f"{where}.{key}", expected, err.get("input")) from None
-    elif options:
+        return obj(_validate_options(schema, options, where))
+    if options:
         raise RecipeError(where, "no options (this plugin declares none)", options)
-    return obj(options) if schema is not None else obj()
+    return obj()
 
 
 class Plugins:
-    """The plugins active in one run, wrapped around a ``pluggy.PluginManager``."""
+    """The plugins active on one side of a run, around a ``pluggy.PluginManager``.
 
-    def __init__(self, recipe: Recipe, available: dict[str, EntryPoint] | None = None) -> None:
-        available = discover() if available is None else available
+    ``side`` is ``"server"`` or ``"client"``; calling a hook of the other side is a bug
+    in the core and raises. ``available`` maps plugin names to entry points (or objects
+    with ``load()``); by default the installed ones.
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        available: dict[str, Any] | None = None,
+        side: str = hookspecs.SERVER,
+    ) -> None:
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+        self.side, self.recipe = side, recipe
+        self.custom = available is not None
+        self.available = discover() if available is None else available
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(hookspecs)
-        self.names: list[str] = []
         self.objects: dict[str, Any] = {}
-        loaded = []
         for index, spec in enumerate(recipe.plugins):
-            if spec.name not in available:
+            if spec.name not in self.available:
                 raise RecipeError(
                     f"plugins.{index}",
                     "an installed plugin (see `fedkit plugins`)",
                     spec.name,
-                    hint=did_you_mean(spec.name, available),
+                    hint=did_you_mean(spec.name, self.available),
                 )
             if spec.name in self.objects:
                 raise RecipeError(f"plugins.{index}", "each plugin once", spec.name)
-            obj = _instantiate(spec.name, available[spec.name].load(), spec.options, index)
-            self.objects[spec.name] = obj
-            loaded.append((spec.name, obj))
-        for name, obj in reversed(loaded):  # pluggy calls last-registered first
+            loaded = self.available[spec.name].load()
+            self.objects[spec.name] = instantiate(spec.name, loaded, spec.options, index)
+        for name, obj in reversed(self.objects.items()):  # pluggy calls last-registered first
             self.pm.register(obj, name=name)
-            self._wrap_errors(obj, name)
-        self.names = [name for name, _ in loaded]
-        if os.environ.get("FEDKIT_TRACE_PLUGINS") == "1":
+            self._check_impls(obj, name)
+        self.names = list(self.objects)
+        self.tracing = os.environ.get("FEDKIT_TRACE_PLUGINS") == "1"
+        if self.tracing:
             self.pm.add_hookcall_monitoring(self._trace_before, lambda *a: None)
 
-    def _wrap_errors(self, obj: Any, name: str) -> None:
-        """Re-raise any non-fedkit exception from this plugin's hooks as a ``PluginError``."""
+    def _check_impls(self, obj: Any, name: str) -> None:
+        """Reject wrappers on hooks fedkit calls itself; name plugin errors by plugin and hook."""
         for caller in self.pm.get_hookcallers(obj) or []:
             for impl in caller.get_hookimpls():
-                if impl.plugin is obj:
-                    impl.function = _guard(impl.function, name, caller.name)
+                if impl.plugin is not obj:
+                    continue
+                if (impl.wrapper or impl.hookwrapper) and hook_kind(caller.name) in (
+                    "claims",
+                    "chain",
+                ):
+                    raise RecipeError(
+                        f"plugins ({name})",
+                        f"a plain implementation of {hook_kind(caller.name)} hook "
+                        f"{caller.name!r} (wrapper=True/hookwrapper=True cannot claim keys)",
+                        "a wrapper",
+                    )
+                impl.function = _guard(impl.function, name, caller.name)
 
     @staticmethod
     def _trace_before(hook_name: str, impls: list, kwargs: dict) -> None:
         names = ", ".join(impl.plugin_name for impl in impls) or "(none)"
         print(f"[fedkit] {hook_name} -> {names}", file=sys.stderr)
 
-    @property
-    def hook(self) -> Any:
-        return self.pm.hook
+    def _caller(self, hook: str) -> Any:
+        if hook_side(hook) != self.side:
+            raise RuntimeError(f"hook {hook!r} runs on the {hook_side(hook)} side, not {self.side}")
+        return getattr(self.pm.hook, hook)
 
-    def uploads_data_derived(self) -> list[str]:
-        """Active plugins that declare data-derived uploads."""
-        return [n for n, o in self.objects.items() if getattr(o, "uploads_data_derived", False)]
+    def _impls(self, hook: str) -> list[Any]:
+        """Implementations in recipe order."""
+        impls = list(reversed(self._caller(hook).get_hookimpls()))
+        if self.tracing:
+            self._trace_before(hook, list(reversed(impls)), {})
+        return impls
+
+    def call(self, hook: str, **kwargs: Any) -> Any:
+        """Call an ``all`` hook (list of results) or a ``firstresult`` one (one result)."""
+        return self._caller(hook)(**kwargs)
+
+    def implementers(self, hook: str) -> list[str]:
+        """Names of the active plugins implementing ``hook``, in recipe order."""
+        return [impl.plugin_name for impl in reversed(self._caller(hook).get_hookimpls())]
 
     def claims(self, hook: str, **kwargs: Any) -> dict[str, Any]:
-        """Call a key-level hook on every plugin and merge the claimed keys.
+        """Call a claims hook on every plugin and merge the claimed keys.
 
         Raises ``ClaimConflict`` when two plugins claim one key.
         """
-        caller = getattr(self.pm.hook, hook)
         owners: dict[str, str] = {}
         merged: dict[str, Any] = {}
-        impls = caller.get_hookimpls()
-        if os.environ.get("FEDKIT_TRACE_PLUGINS") == "1":
-            self._trace_before(hook, impls, kwargs)
-        for impl in reversed(impls):  # recipe order
+        for impl in self._impls(hook):
             result = impl.function(*[kwargs[arg] for arg in impl.argnames])
             for key, value in (result or {}).items():
                 if key in owners:
@@ -173,6 +225,18 @@ class Plugins:
                 owners[key] = impl.plugin_name
                 merged[key] = value
         return merged
+
+    def chain(self, hook: str, value_arg: str, **kwargs: Any) -> Any:
+        """Call a chain hook: each plugin in recipe order may replace ``kwargs[value_arg]``."""
+        for impl in self._impls(hook):
+            result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+            if result is not None:
+                kwargs[value_arg] = result
+        return kwargs[value_arg]
+
+    def uploads_data_derived(self) -> list[str]:
+        """Active plugins that declare data-derived uploads."""
+        return [n for n, o in self.objects.items() if getattr(o, "uploads_data_derived", False)]
 
 
 def _guard(fn: Any, plugin: str, hook: str) -> Any:

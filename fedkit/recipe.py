@@ -95,10 +95,15 @@ class PluginSpec(Section):
 
 
 class EvaluationConfig(Section):
-    """Which protocol scores the model, and how often (0: only after the last round)."""
+    """Which protocol scores the model, and how often (0: only after the last round).
+
+    ``personal``: with a representation protocol (knn, linear, semi), also score every
+    trained client's own encoder (its cluster's state with its private keys).
+    """
 
     protocol: Literal["supervised", "knn", "linear", "semi", "none"] = "supervised"
     every: int = Field(1, ge=0)
+    personal: bool = False
     knn_k: int = Field(200, gt=0)
     knn_temperature: float = Field(0.1, gt=0)
     linear_epochs: int = Field(200, gt=0)
@@ -117,7 +122,11 @@ class EvaluationConfig(Section):
 
 
 class EngineConfig(Section):
-    executor: Literal["sequential"] = "sequential"
+    """Where clients run: ``sequential`` (one after another, in this process) or
+    ``isolated`` (each job as a fresh worker process would run it: plugins rebuilt from
+    the recipe, everything that crosses pickled; slower, for checking plugins)."""
+
+    executor: Literal["sequential", "isolated"] = "sequential"
     checkpoint_every: int = Field(1, ge=1)
 
 

@@ -37,13 +37,15 @@ def read_metrics(out: Path) -> list[dict[str, Any]]:
 
 
 def start(recipe: Recipe, out: Path) -> Run:
-    """Prepare a fresh run and lay out its directory (refuses to overwrite a run)."""
+    """Prepare a fresh run, lay out its directory and write the round-0 checkpoint
+    (refuses to overwrite a run)."""
     if (out / RECIPE).exists():
         raise FedkitError(f"{out} already holds a run; use --resume {out} or another --out")
     out.mkdir(parents=True, exist_ok=True)
-    run = prepare(recipe, out=out)
+    run = prepare(recipe)
     write_text(out / RECIPE, dump_recipe(recipe))
     save_partition(partition_table(run.server.data), out / "partition.json")
+    checkpoint.save(run, out, 0)
     return run
 
 
@@ -51,8 +53,9 @@ def resume(out: Path) -> tuple[Run, int]:
     """Rebuild a run from its directory and restore its newest checkpoint."""
     if not (out / RECIPE).is_file():
         raise FedkitError(f"{out}: no {RECIPE} here; expected a run directory to resume")
-    run = prepare(load_recipe(out / RECIPE), out=out)
-    done = checkpoint.load(run, out) if checkpoint.latest_round(out) else 0
+    snapshot = checkpoint.read(out)
+    run = prepare(load_recipe(out / RECIPE), snapshot=snapshot)
+    done = snapshot.round if snapshot is not None else 0
     run.history = [row for row in read_metrics(out) if row["round"] <= done]
     return run, done
 

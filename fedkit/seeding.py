@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -41,3 +43,16 @@ def set_rng_states(states: dict) -> None:
     kind, keys, pos, has_gauss, cached = states["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(torch.tensor(states["torch"], dtype=torch.uint8))
+
+
+@contextlib.contextmanager
+def isolated_rng() -> Iterator[None]:
+    """Run a block without disturbing the global python, numpy and torch RNGs: whatever
+    it draws, the streams continue afterwards as if it had not run."""
+    saved = rng_states()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            set_rng_states(saved)

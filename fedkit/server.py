@@ -1,20 +1,21 @@
-"""The server as hooks see it: the model pool, the run's recipe and data, the ledger."""
+"""The server as server-side hooks see it: the pool, the run's recipe and data, the ledger,
+what it knows of each client, and the values and tensors it keeps (checkpointed)."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from fedkit.client import Client
 from fedkit.data.federated import FederatedData
+from fedkit.keys import parameter_keys
 from fedkit.ledger import Ledger
 from fedkit.recipe import Recipe
-from fedkit.state_store import StateStore
+from fedkit.seeding import isolated_rng
 
 
 @dataclass
@@ -26,17 +27,34 @@ class Upload:
     tensors: dict[str, Tensor]
 
 
-def is_private(key: str, private: set[str]) -> bool:
-    return key.split(".", 1)[0] in private
+@dataclass
+class ClientInfo:
+    """What the server knows of a client: its id, how many samples it trains on, how
+    often it has reported back, the cluster it last reported and in which round."""
+
+    id: int
+    num_samples: int
+    participations: int = 0
+    cluster: int | None = None
+    last_round: int = 0
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "participations": self.participations,
+            "cluster": self.cluster,
+            "last_round": self.last_round,
+        }
 
 
 class Server:
     """Holds the pool of cluster states (shared keys only) and run-wide context.
 
-    ``state`` (JSON values) and ``tensors`` (server-only tensors such as a pre-trained
-    encoder) are for plugins and are checkpointed with the pool. ``clients`` and
-    ``store`` (every client's last tensors) are there for evaluation; ``out`` is the run
-    directory, or ``None`` for runs without one.
+    ``state`` (JSON values) and ``tensors`` (server-only tensors: optimiser moments, a
+    pre-trained encoder) belong to plugins and are checkpointed; ``once`` keeps results
+    that are computed a single time. ``roster`` is what the server knows of every client.
+    ``data`` holds the whole federated data set, for server-side splits (``data.server``,
+    the unlabelled public split), class counts and evaluation; client data never reaches
+    a server-side hook through the protocol.
     """
 
     def __init__(self, recipe: Recipe, data: FederatedData, device: torch.device) -> None:
@@ -44,41 +62,37 @@ class Server:
         self.ledger = Ledger()
         self.pool: list[dict[str, Tensor]] = []
         self.template: nn.ModuleDict | None = None
-        self.private: set[str] = set()
+        self.private: frozenset[str] = frozenset()
         self.state: dict[str, Any] = {}
         self.tensors: dict[str, Tensor] = {}
         self.round = 0
-        self.clients: list[Client] = []
-        self.store: StateStore | None = None
-        self.out: Path | None = None
-        self._sent: set[tuple[int, int, int]] = set()
+        self.roster = [ClientInfo(i, int(n)) for i, n in enumerate(data.client_sizes())]
 
-    def set_pool(self, models: list[nn.ModuleDict], private: set[str]) -> None:
+    def __getstate__(self) -> None:
+        raise TypeError("the Server never travels to clients; send tensors through the core")
+
+    def set_pool(self, models: list[nn.ModuleDict], private: frozenset[str]) -> None:
         """Install the initial pool: the shared keys of each model; the first is the template."""
-        self.template, self.private = copy.deepcopy(models[0]).cpu(), private
+        self.template, self.private = copy.deepcopy(models[0]).cpu(), frozenset(private)
+        self.ledger.model_keys = frozenset(self.template.state_dict())
         self.pool = [self.shared(m.state_dict()) for m in models]
 
     def shared(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """The non-private entries of a state, detached copies on the CPU."""
         return {
-            k: v.detach().to("cpu", copy=True)
-            for k, v in state.items()
-            if not is_private(k, self.private)
+            k: v.detach().to("cpu", copy=True) for k, v in state.items() if k not in self.private
         }
 
     @property
-    def model_keys(self) -> set[str]:
-        return set(self.template.state_dict()) if self.template is not None else set()
+    def model_keys(self) -> frozenset[str]:
+        return self.ledger.model_keys
 
-    def download(self, client: Client, cluster: int) -> dict[str, Tensor]:
-        """Send one cluster's state to a client; bytes are counted once per round."""
-        if not 0 <= cluster < len(self.pool):
-            raise ValueError(f"cluster {cluster} outside the pool of {len(self.pool)}")
-        mark = (self.round, client.id, cluster)
-        if mark not in self._sent:
-            self._sent.add(mark)
-            self.ledger.record(self.round, client.id, "down", self.pool[cluster], self.model_keys)
-        return {k: v.clone() for k, v in self.pool[cluster].items()}
+    @property
+    def parameter_keys(self) -> frozenset[str]:
+        """Keys of the template's trainable parameters (not buffers)."""
+        return (
+            frozenset(parameter_keys(self.template)) if self.template is not None else frozenset()
+        )
 
     def model(self, cluster: int = 0) -> nn.ModuleDict:
         """A module with one cluster's state loaded (private parts from the template)."""
@@ -87,3 +101,22 @@ class Server:
             {k: v for k, v in self.pool[cluster].items() if k in self.model_keys}, strict=False
         )
         return model.to(self.device).eval()
+
+    def once(self, name: str, compute: Callable[[], dict[str, Tensor]]) -> dict[str, Tensor]:
+        """Tensors computed a single time per run (a pre-trained encoder, base features).
+
+        The first call runs ``compute`` and keeps its result in ``server.tensors`` under
+        ``<name>/``; checkpoints hold it, and on resume (or a second call) it is handed
+        back without running ``compute`` again. No plugin needs the run directory.
+        ``compute`` runs with the global RNGs isolated, so a run draws the same random
+        numbers afterwards whether it computed the result or got it back.
+        """
+        prefix = f"{name}/"
+        done = self.state.setdefault("once", [])
+        if name in done:
+            return {k[len(prefix) :]: v for k, v in self.tensors.items() if k.startswith(prefix)}
+        with isolated_rng():
+            result = {k: v.detach().cpu() for k, v in compute().items()}
+        self.tensors.update({prefix + k: v for k, v in result.items()})
+        done.append(name)
+        return result

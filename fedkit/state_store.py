@@ -1,6 +1,6 @@
-"""Per-client persistent tensors (a client's full model state from its last round).
+"""What every client keeps between rounds (``ClientMemory``), by client id.
 
-The engine talks to the ``StateStore`` protocol only, so a store that spills to disk can
+Executors talk to the ``StateStore`` protocol only, so a store that spills to disk can
 replace the in-memory one without touching the round loop.
 """
 
@@ -9,26 +9,26 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from torch import Tensor
+from fedkit.client import ClientMemory
 
 
 class StateStore(Protocol):
-    def get(self, client: int) -> dict[str, Tensor] | None: ...
-    def put(self, client: int, state: dict[str, Tensor]) -> None: ...
-    def items(self) -> Iterator[tuple[int, dict[str, Tensor]]]: ...
+    def get(self, client: int) -> ClientMemory | None: ...
+    def put(self, client: int, memory: ClientMemory) -> None: ...
+    def items(self) -> Iterator[tuple[int, ClientMemory]]: ...
 
 
 class MemoryStore:
-    """Client states kept in a dict, on the CPU."""
+    """Client memories kept in a dict (tensors on the CPU)."""
 
     def __init__(self) -> None:
-        self._states: dict[int, dict[str, Tensor]] = {}
+        self._memories: dict[int, ClientMemory] = {}
 
-    def get(self, client: int) -> dict[str, Tensor] | None:
-        return self._states.get(client)
+    def get(self, client: int) -> ClientMemory | None:
+        return self._memories.get(client)
 
-    def put(self, client: int, state: dict[str, Tensor]) -> None:
-        self._states[client] = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+    def put(self, client: int, memory: ClientMemory) -> None:
+        self._memories[client] = memory
 
-    def items(self) -> Iterator[tuple[int, dict[str, Tensor]]]:
-        return iter(sorted(self._states.items()))
+    def items(self) -> Iterator[tuple[int, ClientMemory]]:
+        return iter(sorted(self._memories.items()))

@@ -1,18 +1,23 @@
 """Building blocks for local training: batches, optimisers, the per-round lr schedule,
-and the supervised cross-entropy loop that supervised plugins share."""
+and the supervised objective that supervised plugins share."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedkit.data.datasets import ImageSet
+from fedkit.fit import Objective
 from fedkit.models.backbones import logits
 from fedkit.recipe import FederationConfig
+
+if TYPE_CHECKING:
+    from fedkit.client import ClientContext
 
 
 def batches(
@@ -59,37 +64,52 @@ def make_optimizer(
     return torch.optim.AdamW(params, lr=lr, weight_decay=opt.weight_decay)
 
 
-def train_supervised(
-    model: nn.ModuleDict,
+def labelled_batches(
     data: ImageSet,
-    cfg: FederationConfig,
-    round: int,
+    batch_size: int,
     *,
-    device: torch.device,
     generator: torch.Generator,
-    params: Iterable[nn.Parameter] | None = None,
-    epochs: int | None = None,
-) -> dict[str, float]:
-    """Cross-entropy on encoder → classifier; returns the mean loss over the last epoch.
+    device: torch.device,
+    drop_last: bool = False,
+    skip_single: bool = False,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Shuffled, normalised (images, labels) batches on ``device``; with ``skip_single``
+    a batch of one is skipped (BatchNorm cannot train on it)."""
+    for x, y in batches(data, batch_size, generator=generator, drop_last=drop_last):
+        if skip_single and len(y) < 2:
+            continue
+        yield normalize(x.to(device), data), y.to(device)
 
-    ``params`` restricts what is optimised (a frozen encoder, say); by default everything.
-    """
-    model.train()
-    optimizer = make_optimizer(params if params is not None else model.parameters(), cfg, round)
-    loss_sum, count = 0.0, 0
-    for _ in range(epochs or cfg.local_epochs):
-        loss_sum, count = 0.0, 0
-        for x, y in batches(data, cfg.batch_size, generator=generator, drop_last=cfg.drop_last):
-            x, y = normalize(x.to(device), data), y.to(device)
-            if len(y) < 2 and any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
-                continue
-            loss = F.cross_entropy(logits(model, x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item() * len(y)
-            count += len(y)
-    return {"loss": loss_sum / max(count, 1)}
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def cross_entropy_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+    """Cross-entropy of encoder → classifier on a labelled batch."""
+    x, y = batch
+    return F.cross_entropy(logits(model, x), y)
+
+
+def supervised_objective(
+    ctx: ClientContext, model: nn.ModuleDict, params: Iterable[nn.Parameter] | None = None
+) -> Objective:
+    """Cross-entropy on the client's labelled data with the recipe's batch size; ``params``
+    restricts what learns (default: everything)."""
+    cfg = ctx.recipe.federation
+    skip_single = has_batchnorm(model)
+
+    def epoch() -> Iterator[tuple[Tensor, Tensor]]:
+        return labelled_batches(
+            ctx.train,
+            cfg.batch_size,
+            generator=ctx.rng,
+            device=ctx.device,
+            drop_last=cfg.drop_last,
+            skip_single=skip_single,
+        )
+
+    return Objective(cross_entropy_loss, epoch, params=list(params) if params is not None else None)
 
 
 @torch.no_grad()

@@ -7,33 +7,34 @@ module only builds models and computes losses, so that every plugin stays short.
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from fedkit.client import Client
+from fedkit import PluginOptions
+from fedkit.client import ClientContext
+from fedkit.fit import Objective
+from fedkit.keys import under
 from fedkit.models import create_backbone
 from fedkit.models.backbones import feature_dim
 from fedkit.models.heads import mlp
 from fedkit.server import Server
 from fedkit.ssl.ema import ema_update
-from fedkit.ssl.local import TwoViewLoss, train_two_view
+from fedkit.ssl.local import TwoViewLoss, two_view_objective
 from fedkit.ssl.losses import byol_symmetric
 
 ONLINE = ("encoder", "projector")
 TARGET = ("target_encoder", "target_projector")
 
 
-class SSLOptions(BaseModel):
+class SSLOptions(PluginOptions):
     """Head sizes and augmentation strength shared by the contrastive plugins.
 
     Defaults are FedU's (METHODS.md): projector in → 4096 → BN → ReLU → 2048, predictor
     2048 → 4096 → 2048, RandomResizedCrop scale 0.08–1.
     """
 
-    model_config = ConfigDict(extra="forbid")
     projector_hidden: int = Field(4096, gt=0)
     projection_dim: int = Field(2048, gt=0)
     predictor_hidden: int = Field(4096, gt=0)
@@ -103,9 +104,18 @@ def params_of(model: nn.ModuleDict, parts: tuple[str, ...]) -> list[nn.Parameter
     return [p for name in parts for p in model[name].parameters()]
 
 
-def train_byol(
-    client: Client, model: nn.ModuleDict, server: Server, opts: BYOLOptions
-) -> dict[str, Any]:
+def target_keys(model: nn.ModuleDict) -> list[str]:
+    """The target network's keys: private to each client (never sent, never averaged)."""
+    return under(model, TARGET)
+
+
+def first_target(received: dict[str, Tensor], local: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A first participation's target: copies of the online network the client starts
+    from (the global one, or its own when the online network is not sent)."""
+    return target_from_online({**local, **received})
+
+
+def byol_objective(ctx: ClientContext, model: nn.ModuleDict, opts: BYOLOptions) -> Objective:
     """BYOL local training: the optimiser holds online network and predictor; the
     target follows by EMA after every optimiser step."""
 
@@ -113,28 +123,19 @@ def train_byol(
         for online, target in zip(ONLINE, TARGET, strict=True):
             ema_update(model[target], model[online], opts.momentum)
 
-    return train_ssl(client, model, server, opts, byol_loss_fn, (*ONLINE, "predictor"), ema)
+    return ssl_objective(ctx, model, opts, byol_loss_fn, (*ONLINE, "predictor"), ema)
 
 
-def train_ssl(
-    client: Client,
+def ssl_objective(
+    ctx: ClientContext,
     model: nn.ModuleDict,
-    server: Server,
     opts: SSLOptions,
     loss_fn: TwoViewLoss,
     trained: tuple[str, ...],
-    after_step: Any = None,
-) -> dict[str, Any]:
-    """The shared two-view loop on the client's data with the recipe's optimiser."""
-    return train_two_view(
-        model,
-        client.train,
-        server.recipe.federation,
-        client.round,
-        loss_fn,
-        params_of(model, trained),
-        device=client.device,
-        generator=client.rng,
-        crop_scale=opts.crop_scale,
-        after_step=after_step,
+    after_step=None,
+) -> Objective:
+    """The shared two-view objective on the client's data; ``trained`` parts learn."""
+    params = params_of(model, trained)
+    return two_view_objective(
+        ctx, loss_fn, params, crop_scale=opts.crop_scale, after_step=after_step
     )

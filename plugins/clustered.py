@@ -1,37 +1,37 @@
-"""Shared machinery of the clustered plugins (ifca, cpcfl): building the pool of N models,
-choosing a cluster (lowest loss or at random), local training with or without a frozen
-encoder, and loading an encoder saved by another run."""
+"""Shared machinery of the clustered plugins (ifca, cpcfl): building the pool of N models
+(server side), choosing a cluster by lowest loss or at random and training with or
+without a frozen encoder (client side), and loading an encoder saved by another run."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from fedkit.atomic import write_safetensors
+from fedkit import PluginOptions
 from fedkit.checkpoint import saved_part
-from fedkit.client import Client
+from fedkit.client import ClientContext
 from fedkit.errors import FedkitError, RecipeError
+from fedkit.fit import Objective
 from fedkit.models.backbones import create_backbone, feature_dim
 from fedkit.models.heads import classifier_head
 from fedkit.seeding import derive
 from fedkit.server import Server
-from fedkit.training import make_optimizer, normalize, supervised_loss, train_supervised
+from fedkit.training import normalize, supervised_loss, supervised_objective
 
-ENCODER_FILE = "encoder.safetensors"
+PRETRAINED = "pretrained_encoder"
+"""The name under which a run keeps a server-side pre-trained encoder (``server.once``)."""
 
 
-class PoolOptions(BaseModel):
+class PoolOptions(PluginOptions):
     """Options every clustered plugin shares: the pool, its heads, an optional encoder."""
-
-    model_config = ConfigDict(extra="forbid")
 
     num_clusters: int = Field(3, ge=1)
     head: Literal["c", "c-1", "c-2", "c-3"] = "c"
@@ -41,32 +41,30 @@ class PoolOptions(BaseModel):
 
 
 class PoolPlugin:
-    """What the clustered plugins keep per run: their options, a scratch model for scoring
-    cluster models, and the encoder state the pool starts from (``None``: random)."""
+    """Base of the clustered plugins: holds the options (the same on both sides)."""
 
     def __init__(self, options: PoolOptions) -> None:
         self.options = options
-        self.scratch = Scratch()
-        self.encoder: dict[str, Tensor] | None = None
 
 
 def load_encoder(path: str | Path, where: str = "encoder") -> dict[str, Tensor]:
     """An encoder's state from a safetensors file or a run directory.
 
-    A run directory gives its ``encoder.safetensors`` (a CP-CFL pre-trained encoder) when
-    it has one, otherwise the ``encoder.*`` keys of cluster 0 in its newest checkpoint
-    (e.g. the encoder of a FedAvg run). Keys may carry an ``encoder.`` prefix or not.
+    A run directory gives the encoder it pre-trained on the server (kept as
+    ``pretrained_encoder``) when it has one, otherwise the ``encoder.*`` keys of cluster 0
+    in its newest checkpoint (e.g. the encoder of a FedAvg run). In a file, keys may
+    carry an ``encoder.`` prefix or not.
     """
     path = Path(path).expanduser()
     if path.is_dir():
-        if (path / ENCODER_FILE).is_file():
-            return _strip(load_file(path / ENCODER_FILE))
+        try:
+            return saved_part(path, "", PRETRAINED, "server")
+        except FedkitError:
+            pass
         try:
             return saved_part(path, "encoder")
         except FedkitError:
-            raise RecipeError(
-                where, f"a run directory with a checkpoint or {ENCODER_FILE}", str(path)
-            ) from None
+            raise RecipeError(where, "a run directory with a checkpoint", str(path)) from None
     if not path.is_file():
         raise RecipeError(where, "a safetensors file or a run directory", str(path))
     return _strip(load_file(path))
@@ -78,9 +76,11 @@ def _strip(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return state
 
 
-def save_encoder(encoder: nn.Module, path: Path) -> None:
-    """Write an encoder's state (keys without prefix) as safetensors, atomically."""
-    write_safetensors(path, {k: v.detach().cpu() for k, v in encoder.state_dict().items()})
+def warm_encoder(server: Server, options: PoolOptions, where: str) -> dict[str, Tensor] | None:
+    """The ``encoder`` option's state, read once per run (kept by the core on resume)."""
+    if options.encoder is None:
+        return None
+    return server.once("warm_encoder", lambda: load_encoder(options.encoder, where))
 
 
 def new_encoder(server: Server, state: dict[str, Tensor] | None = None) -> nn.Module:
@@ -115,61 +115,41 @@ def build_pool(
     return pool
 
 
-class Scratch:
-    """A reusable working model for scoring cluster models on a client's data."""
-
-    def __init__(self) -> None:
-        self.model: nn.ModuleDict | None = None
-
-    def loaded(self, server: Server, state: dict[str, Tensor]) -> nn.ModuleDict:
-        if self.model is None:
-            self.model = copy.deepcopy(server.template).to(server.device)
-        keys = server.model_keys
-        self.model.load_state_dict({k: v for k, v in state.items() if k in keys}, strict=False)
-        return self.model
-
-
-def cluster_losses(client: Client, server: Server, scratch: Scratch) -> list[float]:
-    """Every cluster model's mean loss on the client's training data (each one downloaded)."""
+def cluster_losses(ctx: ClientContext, model: nn.ModuleDict) -> list[float]:
+    """Every cluster model's mean loss on the client's training data (each one fetched,
+    loaded into the working model ``model``)."""
     losses = []
-    for cluster in range(len(server.pool)):
-        model = scratch.loaded(server, server.download(client, cluster))
-        losses.append(supervised_loss(model, client.train, server.device))
+    for cluster in range(ctx.num_clusters):
+        model.load_state_dict(ctx.fetch(cluster), strict=False)
+        losses.append(supervised_loss(model, ctx.train, ctx.device))
     return losses
 
 
-def lowest_loss_cluster(client: Client, server: Server, scratch: Scratch) -> int:
+def lowest_loss_cluster(ctx: ClientContext, model: nn.ModuleDict) -> int:
     """IFCA's / CP-CFL's identity estimate: argmin of the cluster losses (first on ties)."""
-    return int(np.argmin(cluster_losses(client, server, scratch)))
+    return int(np.argmin(cluster_losses(ctx, model)))
 
 
-def random_cluster(client: Client, server: Server, broadcast: bool) -> int:
+def random_cluster(ctx: ClientContext, broadcast: bool) -> int:
     """A cluster drawn uniformly, seeded by (run seed, round, client). With ``broadcast``
     the client receives the whole pool, as the papers' cost model counts."""
     if broadcast:
-        for cluster in range(len(server.pool)):
-            server.download(client, cluster)
-    rng = np.random.default_rng(derive(server.recipe.seed, "cluster", client.round, client.id))
-    return int(rng.integers(len(server.pool)))
+        for cluster in range(ctx.num_clusters):
+            ctx.fetch(cluster)
+    rng = np.random.default_rng(derive(ctx.recipe.seed, "cluster", ctx.round, ctx.id))
+    return int(rng.integers(ctx.num_clusters))
 
 
-def train_local(
-    client: Client, model: nn.ModuleDict, server: Server, freeze_encoder: bool
-) -> dict[str, Any]:
+def local_objective(ctx: ClientContext, model: nn.ModuleDict, freeze_encoder: bool) -> Objective:
     """Supervised local training; with ``freeze_encoder`` only the classifier learns and the
     encoder stays in eval mode (BN statistics untouched), so its state does not change."""
-    cfg = server.recipe.federation
-    if not freeze_encoder:
-        return train_supervised(
-            model, client.train, cfg, client.round, device=client.device, generator=client.rng
-        )
-    return train_head(client, model, server)
+    return head_objective(ctx, model) if freeze_encoder else supervised_objective(ctx, model)
 
 
-def train_head(client: Client, model: nn.ModuleDict, server: Server) -> dict[str, Any]:
-    """Train the classifier on features of the frozen encoder, computed once per round."""
-    cfg, data, device = server.recipe.federation, client.train, client.device
-    encoder, head = model["encoder"].eval(), model["classifier"].train()
+def head_objective(ctx: ClientContext, model: nn.ModuleDict) -> Objective:
+    """The classifier on features of the frozen encoder, computed once per round."""
+    cfg, data, device = ctx.recipe.federation, ctx.train, ctx.device
+    encoder, head = model["encoder"].eval(), model["classifier"]
     with torch.no_grad():
         feats = torch.cat(
             [
@@ -178,23 +158,20 @@ def train_head(client: Client, model: nn.ModuleDict, server: Server) -> dict[str
             ]
         )
     labels = data.labels.to(device)
-    optimizer = make_optimizer(head.parameters(), cfg, client.round)
-    loss_sum, count = 0.0, 0
-    for _ in range(cfg.local_epochs):
-        loss_sum, count = 0.0, 0
-        order = torch.randperm(len(labels), generator=client.rng).to(device)
+
+    def epoch():
+        order = torch.randperm(len(labels), generator=ctx.rng).to(device)
         for start in range(0, len(labels), cfg.batch_size):
             idx = order[start : start + cfg.batch_size]
-            loss = F.cross_entropy(head(feats[idx]), labels[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item() * len(idx)
-            count += len(idx)
-    return {"loss": loss_sum / max(count, 1)}
+            yield feats[idx], labels[idx]
+
+    def loss(model: nn.ModuleDict, batch: tuple[Tensor, Tensor]) -> Tensor:
+        return F.cross_entropy(model["classifier"](batch[0]), batch[1])
+
+    return Objective(loss, epoch, params=list(head.parameters()), frozen=("encoder",))
 
 
 def collapsed(server: Server, sampled: list[int]) -> bool:
     """Whether every client of this round chose the same cluster (with a pool of several)."""
-    chosen = {server.clients[c].cluster for c in sampled}
+    chosen = {server.roster[c].cluster for c in sampled}
     return len(server.pool) > 1 and len(sampled) > 1 and len(chosen) == 1

@@ -1,12 +1,13 @@
 """CP-CFL (Tun et al., 2023): contrastive pre-training on the server, then clustered FL.
 
 Stage 1 pre-trains the encoder on the server's unlabelled split (``data.server_fraction``)
-with SimCLR, BYOL or SimSiam (``fedkit.ssl.pretrain``) and saves it as
-``encoder.safetensors`` in the run directory; the ``encoder`` option skips stage 1 with a
-saved one. Stage 2: the pool is the pre-trained encoder with N random classifier heads.
-Rounds 1..T_c: random cluster, encoder frozen (only the head trains). Later rounds:
-lowest-loss cluster, whole model trained. Aggregation per cluster is the core default
-(mean weighted by |D_u|).
+with SimCLR, BYOL or SimSiam (``fedkit.ssl.pretrain``); the core keeps it
+(``server.once``), so a resumed run does not pre-train again and another run can warm
+start from this run's directory. The ``encoder`` option skips stage 1 with a saved one.
+Stage 2: the pool is the pre-trained encoder with N random classifier heads. Rounds
+1..T_c: random cluster, encoder frozen (only the head trains). Later rounds: lowest-loss
+cluster, whole model trained. Aggregation per cluster is the core default (mean weighted
+by |D_u|).
 """
 
 from __future__ import annotations
@@ -15,27 +16,27 @@ from typing import Any
 
 import torch
 from pydantic import Field
-from torch import nn
+from torch import Tensor, nn
 
 from fedkit import hookimpl
-from fedkit.client import Client
+from fedkit.client import ClientContext
 from fedkit.errors import RecipeError
 from fedkit.evaluation.metrics import relevance_score
+from fedkit.fit import Objective
 from fedkit.recipe import Recipe
 from fedkit.seeding import derive
 from fedkit.server import Server
 from fedkit.ssl.pretrain import PretrainConfig, pretrain_encoder
 from fedkit_plugins.clustered import (
-    ENCODER_FILE,
+    PRETRAINED,
     PoolOptions,
     PoolPlugin,
     build_pool,
-    load_encoder,
+    local_objective,
     lowest_loss_cluster,
     new_encoder,
     random_cluster,
-    save_encoder,
-    train_local,
+    warm_encoder,
 )
 
 RELEVANCE_IMAGES = 300
@@ -50,13 +51,7 @@ class CPCFL(PoolPlugin):
 
     @hookimpl
     def configure(self, recipe: Recipe, server: Server) -> None:
-        o = self.options
-        saved = server.out / ENCODER_FILE if server.out is not None else None
-        if o.encoder is not None:
-            self.encoder = load_encoder(o.encoder, "plugins.cpcfl.encoder")
-        elif saved is not None and saved.is_file():
-            self.encoder = load_encoder(saved)
-        elif len(server.data.server) == 0:
+        if self.options.encoder is None and len(server.data.server) == 0:
             raise RecipeError(
                 "data.server_fraction",
                 "> 0: CP-CFL pre-trains on the server's unlabelled split",
@@ -67,14 +62,14 @@ class CPCFL(PoolPlugin):
     @hookimpl
     def init_models(self, server: Server) -> list[nn.ModuleDict]:
         o = self.options
-        if self.encoder is not None:
-            encoder = new_encoder(server, self.encoder)
-        else:
-            encoder = self._pretrain(server)
-        return build_pool(server, o.num_clusters, o.head, o.head_hidden, encoder.cpu())
+        state = warm_encoder(server, o, "plugins.cpcfl.encoder")
+        if state is None:
+            state = server.once(PRETRAINED, lambda: self._pretrain(server))
+        encoder = new_encoder(server, state)
+        return build_pool(server, o.num_clusters, o.head, o.head_hidden, encoder)
 
-    def _pretrain(self, server: Server) -> nn.Module:
-        """Stage 1: train a fresh encoder on the server split; save it, score its relevance."""
+    def _pretrain(self, server: Server) -> dict[str, Tensor]:
+        """Stage 1: train a fresh encoder on the server split and score its relevance."""
         encoder = new_encoder(server)
         unlabelled = server.data.train.subset(server.data.server)
         generator = torch.Generator().manual_seed(derive(server.recipe.seed, "pretrain"))
@@ -95,22 +90,20 @@ class CPCFL(PoolPlugin):
             std=unlabelled.std,
         )
         server.state["pretrain"] = {"losses": losses, "relevance_score": score}
-        if server.out is not None:
-            save_encoder(encoder, server.out / ENCODER_FILE)
-        return encoder
+        return encoder.cpu().state_dict()
 
     def _frozen(self, round: int) -> bool:
         return round <= self.options.switch_round
 
     @hookimpl
-    def select_cluster(self, client: Client, server: Server) -> int:
-        if self._frozen(client.round):
-            return random_cluster(client, server, self.options.broadcast_pool)
-        return lowest_loss_cluster(client, server, self.scratch)
+    def select_cluster(self, ctx: ClientContext, model: nn.ModuleDict) -> int:
+        if self._frozen(ctx.round):
+            return random_cluster(ctx, self.options.broadcast_pool)
+        return lowest_loss_cluster(ctx, model)
 
     @hookimpl
-    def local_train(self, client: Client, model: nn.ModuleDict, server: Server) -> dict[str, Any]:
-        return train_local(client, model, server, freeze_encoder=self._frozen(client.round))
+    def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:
+        return local_objective(ctx, model, freeze_encoder=self._frozen(ctx.round))
 
     @hookimpl
     def round_end(self, server: Server, metrics: dict[str, Any]) -> None:

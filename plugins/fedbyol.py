@@ -2,27 +2,26 @@
 
 Model parts: ``encoder``, ``projector``, ``predictor`` (shared) and ``target_encoder``,
 ``target_projector`` (private: they never leave the client and persist across rounds).
-Upload and replacement of the shared parts are the core defaults; this plugin only
-declares the target private and seeds it from the global online network on a client's
-first participation.
+Upload and replacement of the shared parts are the core defaults; this plugin declares
+the target private and seeds it from the online network on a client's first
+participation.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor, nn
 
 from fedkit import hookimpl
-from fedkit.client import Client
+from fedkit.client import ClientContext
+from fedkit.fit import Objective
 from fedkit.recipe import Recipe
 from fedkit.server import Server
 from fedkit_plugins._ssl_common import (
-    TARGET,
     BYOLOptions,
     byol_model,
-    target_from_online,
-    train_byol,
+    byol_objective,
+    first_target,
+    target_keys,
 )
 
 
@@ -35,20 +34,20 @@ class FedBYOL:
         self.options = options
 
     @hookimpl
-    def private_parts(self, recipe: Recipe) -> list[str]:
-        return list(TARGET)
-
-    @hookimpl
     def init_models(self, server: Server) -> list[nn.ModuleDict]:
         return [byol_model(server, self.options)]
 
     @hookimpl
-    def update_client(
-        self, client: Client, server: Server, received: dict[str, Tensor], local: dict[str, Tensor]
-    ) -> dict[str, Tensor] | None:
-        """First participation: the target starts as a copy of the global online network."""
-        return target_from_online(received) if client.participations == 0 else None
+    def private_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+        return target_keys(model)
 
     @hookimpl
-    def local_train(self, client: Client, model: nn.ModuleDict, server: Server) -> dict[str, Any]:
-        return train_byol(client, model, server, self.options)
+    def update_client(
+        self, ctx: ClientContext, received: dict[str, Tensor], local: dict[str, Tensor]
+    ) -> dict[str, Tensor] | None:
+        """First participation: the target starts as a copy of the online network."""
+        return first_target(received, local) if ctx.participations == 0 else None
+
+    @hookimpl
+    def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:
+        return byol_objective(ctx, model, self.options)

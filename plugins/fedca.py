@@ -11,9 +11,11 @@
   set. A base encoder (the recipe's backbone) is trained on it once with SimCLR
   (``fedkit.ssl.pretrain``) and its features of the public images are computed. Each
   client adds ``align_weight · mean_x ‖f_k(x) − f_base(x)‖²`` over a batch of public
-  images per step. The public images and base features are sent to a client once, on
-  its first participation, and recorded in the ledger then; the base encoder itself
-  never leaves the server (saved as ``fedca-base.safetensors`` in the run directory).
+  images per step (a ``loss_terms`` term, logged as ``loss_align``). The server sends
+  the public images and base features to a client once, on its first participation
+  (``downlink``: the ledger books them as data-derived), and the client keeps them in
+  ``ctx.tensors``. The base encoder never leaves the server; the core keeps its features
+  (``server.once``), so a resumed run does not train it again.
 
 Defaults are fedkit's choices, not verified against the FedCA paper: temperature 0.1,
 all local samples uploaded, no dictionary cap, alignment weight 0.01, public batch 64,
@@ -24,35 +26,32 @@ public set; the mean over a public batch differs by a constant factor held in
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 from pydantic import Field
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from fedkit import hookimpl
-from fedkit.atomic import write_safetensors
-from fedkit.client import Client
+from fedkit.client import ClientContext
 from fedkit.data.datasets import ImageSet
 from fedkit.errors import RecipeError
 from fedkit.evaluation.features import extract_features
+from fedkit.fit import Objective
 from fedkit.models import create_backbone
 from fedkit.recipe import Recipe
 from fedkit.seeding import derive
-from fedkit.server import Server, Upload
-from fedkit.ssl.local import TwoViewLoss
+from fedkit.server import ClientInfo, Server, Upload
 from fedkit.ssl.losses import nt_xent
 from fedkit.ssl.pretrain import PretrainConfig, pretrain_encoder
 from fedkit.training import normalize
-from fedkit_plugins._ssl_common import online_parts, train_ssl
+from fedkit_plugins._ssl_common import online_parts, ssl_objective
 from fedkit_plugins.fedsimclr import SimCLROptions
 
 DICTIONARY = "fedca.dictionary"
 PUBLIC_IMAGES = "fedca.public_images"
 PUBLIC_FEATURES = "fedca.public_features"
-BASE_FILE = "fedca-base.safetensors"
+BASE = "fedca_base"
 
 
 class FedCAOptions(SimCLROptions):
@@ -105,8 +104,9 @@ class FedCA:
 
     def __init__(self, options: FedCAOptions) -> None:
         self.options = options
-        self.public: ImageSet | None = None
-        self.base_features: Tensor | None = None
+        self.base_features: Tensor | None = None  # server side only
+
+    # ---------------------------------------------------------------- server side
 
     @hookimpl
     def configure(self, recipe: Recipe, server: Server) -> None:
@@ -122,82 +122,32 @@ class FedCA:
     def init_models(self, server: Server) -> list[nn.ModuleDict]:
         model = nn.ModuleDict(online_parts(server, self.options, predictor=False))
         if self.options.alignment:
-            self.public = server.data.train.subset(server.data.server)
-            base = self._base_encoder(server)
-            self.base_features = extract_features(
-                base,
-                self.public.images,
-                device=server.device,
-                mean=self.public.mean,
-                std=self.public.std,
-            )
+            kept = server.once(BASE, lambda: {"features": self._base_features(server)})
+            self.base_features = kept["features"]
         return [model]
 
-    def _base_encoder(self, server: Server) -> nn.Module:
-        """The base encoder: loaded from the run directory, or trained on the public set."""
+    def _public(self, server: Server) -> ImageSet:
+        return server.data.train.subset(server.data.server)
+
+    def _base_features(self, server: Server) -> Tensor:
+        """Train the base encoder on the public set; its features of the public images."""
+        public = self._public(server)
         encoder = create_backbone(server.recipe.backbone)
-        saved = server.out / BASE_FILE if server.out is not None else None
-        if saved is not None and saved.is_file():
-            encoder.load_state_dict(load_file(saved))
-            return encoder.to(server.device).eval()
         generator = torch.Generator().manual_seed(derive(server.recipe.seed, "fedca", "base"))
         losses = pretrain_encoder(
-            encoder, self.public, self.options.base, device=server.device, generator=generator
+            encoder, public, self.options.base, device=server.device, generator=generator
         )
-        server.state["fedca"] = {"base_losses": losses, "public_images": len(self.public)}
-        if saved is not None:
-            write_safetensors(saved, {k: v.detach().cpu() for k, v in encoder.state_dict().items()})
-        return encoder
+        server.state["fedca"] = {"base_losses": losses, "public_images": len(public)}
+        return extract_features(
+            encoder, public.images, device=server.device, mean=public.mean, std=public.std
+        )
 
     @hookimpl
-    def update_client(
-        self, client: Client, server: Server, received: dict[str, Tensor], local: dict[str, Tensor]
-    ) -> None:
-        """Record the one-time download of the public images and base features."""
-        if self.options.alignment and client.participations == 0:
-            sent = {PUBLIC_IMAGES: self.public.images, PUBLIC_FEATURES: self.base_features}
-            server.ledger.record(server.round, client.id, "down", sent, server.model_keys)
-
-    def objective(self, client: Client) -> TwoViewLoss:
-        """The client's loss this round: its received dictionary, fresh public batches."""
-        o = self.options
-        dictionary = client.received.get(DICTIONARY) if o.dictionary else None
-        if dictionary is not None and len(dictionary) == 0:
-            dictionary = None
-
-        def loss(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> Tensor:
-            z1 = model["projector"](model["encoder"](v1))
-            z2 = model["projector"](model["encoder"](v2))
-            if not o.alignment or o.align_weight == 0:
-                return fedca_loss(z1, z2, o.temperature, dictionary)
-            idx = torch.randperm(len(self.public), generator=client.rng)[: o.public_batch]
-            x = normalize(self.public.images[idx].to(v1.device), self.public)
-            h = model["encoder"](x)
-            base = self.base_features[idx].to(h.device)
-            return fedca_loss(z1, z2, o.temperature, dictionary, h, base, o.align_weight)
-
-        return loss
-
-    @hookimpl
-    def local_train(self, client: Client, model: nn.ModuleDict, server: Server) -> dict[str, Any]:
-        loss = self.objective(client)
-        return train_ssl(client, model, server, self.options, loss, ("encoder", "projector"))
-
-    @hookimpl
-    def upload_selection(
-        self, client: Client, server: Server, local: dict[str, Tensor]
-    ) -> dict[str, Tensor] | None:
-        """Add the client's normalised sample features (end-of-round model)."""
-        if not self.options.dictionary:
+    def downlink(self, server: Server, client: ClientInfo) -> dict[str, Tensor] | None:
+        """The public images and base features, once, on a client's first participation."""
+        if not self.options.alignment or client.participations > 0:
             return None
-        model = copy.deepcopy(server.template).to(client.device)
-        model.load_state_dict(local)
-        data = client.train
-        n = self.options.samples_per_client
-        if n is not None and n < len(data):
-            seed = derive(server.recipe.seed, "fedca", "samples", server.round, client.id)
-            data = data.subset(torch.randperm(len(data), generator=_gen(seed))[:n])
-        return {DICTIONARY: encode_dictionary(model, data, client.device)}
+        return {PUBLIC_IMAGES: self._public(server).images, PUBLIC_FEATURES: self.base_features}
 
     @hookimpl
     def aggregate(self, server: Server, cluster: int, uploads: list[Upload]) -> dict[str, Tensor]:
@@ -210,6 +160,57 @@ class FedCA:
         seed = derive(server.recipe.seed, "fedca", "dictionary", server.round, cluster)
         order = torch.randperm(len(bank), generator=_gen(seed))
         return {DICTIONARY: bank[order[: self.options.dictionary_size]]}
+
+    # ---------------------------------------------------------------- client side
+
+    @hookimpl
+    def update_client(
+        self, ctx: ClientContext, received: dict[str, Tensor], local: dict[str, Tensor]
+    ) -> None:
+        """Keep the public set and base features the server sent on the first visit."""
+        for key in (PUBLIC_IMAGES, PUBLIC_FEATURES):
+            if key in received:
+                ctx.tensors[key] = received[key]
+
+    @hookimpl
+    def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:
+        """NT-Xent with this round's dictionary as extra negatives."""
+        o = self.options
+        dictionary = ctx.received.get(DICTIONARY) if o.dictionary else None
+        if dictionary is not None and len(dictionary) == 0:
+            dictionary = None
+
+        def loss(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> Tensor:
+            z1 = model["projector"](model["encoder"](v1))
+            z2 = model["projector"](model["encoder"](v2))
+            return fedca_loss(z1, z2, o.temperature, dictionary)
+
+        return ssl_objective(ctx, model, o, loss, ("encoder", "projector"))
+
+    @hookimpl
+    def loss_terms(self, ctx: ClientContext, model: nn.ModuleDict, batch: Any) -> dict[str, Tensor]:
+        """The alignment term on a fresh batch of public images."""
+        o = self.options
+        if not o.alignment or o.align_weight == 0:
+            return {}
+        public, base = ctx.tensors[PUBLIC_IMAGES], ctx.tensors[PUBLIC_FEATURES]
+        idx = torch.randperm(len(public), generator=ctx.rng)[: o.public_batch]
+        h = model["encoder"](normalize(public[idx].to(ctx.device), ctx.train))
+        return {"align": o.align_weight * alignment_loss(h, base[idx].to(h.device))}
+
+    @hookimpl
+    def upload_selection(
+        self, ctx: ClientContext, local: dict[str, Tensor], model: nn.ModuleDict
+    ) -> dict[str, Tensor] | None:
+        """Add the client's normalised sample features (end-of-round model)."""
+        if not self.options.dictionary:
+            return None
+        data = ctx.train
+        n = self.options.samples_per_client
+        if n is not None and n < len(data):
+            seed = derive(ctx.recipe.seed, "fedca", "samples", ctx.round, ctx.id)
+            data = data.subset(torch.randperm(len(data), generator=_gen(seed))[:n])
+        return {DICTIONARY: encode_dictionary(model, data, ctx.device)}
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -3,16 +3,15 @@ averaged by the core defaults."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 from torch import Tensor, nn
 
 from fedkit import hookimpl
-from fedkit.client import Client
+from fedkit.client import ClientContext
+from fedkit.fit import Objective
 from fedkit.server import Server
 from fedkit.ssl.losses import nt_xent
-from fedkit_plugins._ssl_common import SSLOptions, online_parts, train_ssl
+from fedkit_plugins._ssl_common import SSLOptions, online_parts, ssl_objective
 
 
 class SimCLROptions(SSLOptions):
@@ -40,5 +39,5 @@ class FedSimCLR:
         return [nn.ModuleDict(online_parts(server, self.options, predictor=False))]
 
     @hookimpl
-    def local_train(self, client: Client, model: nn.ModuleDict, server: Server) -> dict[str, Any]:
-        return train_ssl(client, model, server, self.options, self.loss, ("encoder", "projector"))
+    def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:
+        return ssl_objective(ctx, model, self.options, self.loss, ("encoder", "projector"))

@@ -7,15 +7,14 @@ shared), so DAPU can take over the predictor keys by being listed next to it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor, nn
 
 from fedkit import hookimpl
-from fedkit.client import Client
+from fedkit.client import ClientContext
+from fedkit.fit import Objective
 from fedkit.server import Server
 from fedkit.ssl.losses import simsiam_symmetric
-from fedkit_plugins._ssl_common import SSLOptions, online_parts, train_ssl
+from fedkit_plugins._ssl_common import SSLOptions, online_parts, ssl_objective
 
 
 def simsiam_loss_fn(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> Tensor:
@@ -38,6 +37,6 @@ class FedSimSiam:
         return [nn.ModuleDict(online_parts(server, self.options, predictor=True))]
 
     @hookimpl
-    def local_train(self, client: Client, model: nn.ModuleDict, server: Server) -> dict[str, Any]:
+    def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:
         parts = ("encoder", "projector", "predictor")
-        return train_ssl(client, model, server, self.options, simsiam_loss_fn, parts)
+        return ssl_objective(ctx, model, self.options, simsiam_loss_fn, parts)

@@ -19,13 +19,15 @@ network, as separate copies.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from torch import Tensor, nn
 
 from fedkit import hookimpl
-from fedkit.client import Client
+from fedkit.client import ClientContext
 from fedkit.errors import RecipeError
+from fedkit.fit import Objective
+from fedkit.keys import under
 from fedkit.recipe import Recipe
 from fedkit.server import Server
 from fedkit_plugins._ssl_common import (
@@ -33,9 +35,11 @@ from fedkit_plugins._ssl_common import (
     TARGET,
     BYOLOptions,
     byol_model,
+    byol_objective,
+    first_target,
     renamed,
     target_from_online,
-    train_byol,
+    target_keys,
 )
 
 
@@ -67,31 +71,33 @@ class FedU:
             )
 
     @hookimpl
-    def private_parts(self, recipe: Recipe) -> list[str]:
-        local = ["predictor"] if self.options.predictor == "local" else []
-        return [*TARGET, *local]
-
-    @hookimpl
     def init_models(self, server: Server) -> list[nn.ModuleDict]:
         return [byol_model(server, self.options)]
 
     @hookimpl
+    def private_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+        local = under(model, "predictor") if self.options.predictor == "local" else []
+        return [*target_keys(model), *local]
+
+    @hookimpl
     def update_client(
-        self, client: Client, server: Server, received: dict[str, Tensor], local: dict[str, Tensor]
+        self, ctx: ClientContext, received: dict[str, Tensor], local: dict[str, Tensor]
     ) -> dict[str, Tensor]:
         """Target from the global online network on the first participation or when the
         update mode includes the target; online kept local when only the target updates."""
-        if client.participations == 0 or self.options.update in ("target", "both"):
+        if ctx.participations == 0:
+            claims = first_target(received, local)
+        elif self.options.update in ("target", "both"):
             claims = target_from_online(received)
         else:
             claims = {}
-        if client.participations > 0 and self.options.update == "target":
+        if ctx.participations > 0 and self.options.update == "target":
             claims.update({k: local[k] for k in received if k.split(".", 1)[0] in ONLINE})
         return claims
 
     @hookimpl
     def upload_selection(
-        self, client: Client, server: Server, local: dict[str, Tensor]
+        self, ctx: ClientContext, local: dict[str, Tensor], model: nn.ModuleDict
     ) -> dict[str, Tensor] | None:
         """With ``upload: target`` the target's values go up under the online keys."""
         if self.options.upload == "online":
@@ -102,5 +108,5 @@ class FedU:
         return sent
 
     @hookimpl
-    def local_train(self, client: Client, model: nn.ModuleDict, server: Server) -> dict[str, Any]:
-        return train_byol(client, model, server, self.options)
+    def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:
+        return byol_objective(ctx, model, self.options)

@@ -3,7 +3,8 @@ loss on its training data, trains it, and the server averages per cluster.
 
 Options beyond the paper's core loop: restarts of the whole pool when the clustering
 collapses (every client of a round chose one model), and a warm start from a saved
-encoder (e.g. a FedAvg run's) with random heads and random assignment for the first rounds.
+encoder (e.g. a FedAvg run's) with random heads and random assignment for the first
+rounds. The pool and restarts are server-side; choosing and training run on the client.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pydantic import Field
 from torch import nn
 
 from fedkit import hookimpl
-from fedkit.client import Client
+from fedkit.client import ClientContext
+from fedkit.fit import Objective
 from fedkit.recipe import Recipe
 from fedkit.seeding import derive
 from fedkit.server import Server
@@ -24,12 +26,14 @@ from fedkit_plugins.clustered import (
     PoolPlugin,
     build_pool,
     collapsed,
-    load_encoder,
+    local_objective,
     lowest_loss_cluster,
     new_encoder,
     random_cluster,
-    train_local,
+    warm_encoder,
 )
+
+RESTARTS = "ifca_restarts"
 
 
 class IFCA(PoolPlugin):
@@ -41,13 +45,12 @@ class IFCA(PoolPlugin):
 
     @hookimpl
     def configure(self, recipe: Recipe, server: Server) -> None:
-        if self.options.encoder is not None:
-            self.encoder = load_encoder(self.options.encoder, "plugins.ifca.encoder")
-        server.state.setdefault("ifca_restarts", 0)
+        server.state.setdefault(RESTARTS, 0)
 
     def _pool(self, server: Server) -> list[nn.ModuleDict]:
         o = self.options
-        encoder = new_encoder(server, self.encoder) if self.encoder is not None else None
+        state = warm_encoder(server, o, "plugins.ifca.encoder")
+        encoder = new_encoder(server, state) if state is not None else None
         return build_pool(server, o.num_clusters, o.head, o.head_hidden, encoder)
 
     @hookimpl
@@ -55,18 +58,18 @@ class IFCA(PoolPlugin):
         return self._pool(server)
 
     @hookimpl
-    def select_cluster(self, client: Client, server: Server) -> int:
-        if client.round <= self.options.random_rounds:
-            return random_cluster(client, server, self.options.broadcast_pool)
-        return lowest_loss_cluster(client, server, self.scratch)
+    def select_cluster(self, ctx: ClientContext, model: nn.ModuleDict) -> int:
+        if ctx.round <= self.options.random_rounds:
+            return random_cluster(ctx, self.options.broadcast_pool)
+        return lowest_loss_cluster(ctx, model)
 
     @hookimpl
-    def local_train(self, client: Client, model: nn.ModuleDict, server: Server) -> dict[str, Any]:
-        return train_local(client, model, server, freeze_encoder=False)
+    def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:
+        return local_objective(ctx, model, freeze_encoder=False)
 
     @hookimpl
     def round_end(self, server: Server, metrics: dict[str, Any]) -> None:
-        done = server.state.get("ifca_restarts", 0)
+        done = server.state.get(RESTARTS, 0)
         if server.round <= self.options.random_rounds or done >= self.options.restarts:
             return
         if not collapsed(server, metrics["clients"]):
@@ -76,5 +79,5 @@ class IFCA(PoolPlugin):
             torch.manual_seed(derive(server.recipe.seed, "ifca-restart", done))
             models = self._pool(server)
         server.pool = [server.shared(m.state_dict()) for m in models]
-        server.state["ifca_restarts"] = done
+        server.state[RESTARTS] = done
         metrics["restart"] = done

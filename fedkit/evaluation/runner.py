@@ -1,20 +1,41 @@
-"""Runs the recipe's evaluation protocol at the end of a round, then the evaluate hook."""
+"""Runs the recipe's evaluation protocol at the end of a round, then the evaluate hook.
+
+Evaluation is a measurement, not part of the federated protocol, so it may look at every
+client: ``Population`` (what an executor holds: each client's data and memory) gives it
+each client's *personal* model, which is its cluster's current state with the client's
+own values of the private keys (a FedBN client's normalisation layers, a local
+predictor). Supervised runs report the mean accuracy of those personal models on each
+client's local test set; representation protocols score cluster 0's encoder and, with
+``evaluation.personal``, every trained client's own encoder.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import copy
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
+from fedkit.client import ClientData
 from fedkit.data.datasets import ImageSet
-from fedkit.evaluation.clustering import identity_metrics, personalized_metrics
+from fedkit.evaluation.clustering import identity_metrics, personalized_metrics, predict
 from fedkit.recipe import EvaluationConfig
+from fedkit.state_store import StateStore
 from fedkit.training import accuracy
 
 if TYPE_CHECKING:
-    from fedkit.engine import Run
-    from fedkit.server import Server
+    from fedkit.plugins import Plugins
+    from fedkit.server import ClientInfo, Server
+
+
+class Population(Protocol):
+    """Every client's data and memory (an executor is one)."""
+
+    clients: Mapping[int, ClientData]
+    store: StateStore
 
 
 def due(every: int, round: int, rounds: int) -> bool:
@@ -30,18 +51,43 @@ def capped(data: ImageSet, limit: int | None, seed: int) -> ImageSet:
     return data.subset(idx)
 
 
-def supervised_metrics(run: Run) -> dict[str, Any]:
-    """Global test accuracy (pool of one) and personalized accuracy: the mean over
-    clients of their cluster model's accuracy on their own local test set."""
-    server, cfg = run.server, run.recipe.evaluation
-    models = [server.model(c) for c in range(len(server.pool))]
-    per_client = [accuracy(models[c.cluster or 0], c.test, server.device) for c in run.clients]
+def personal_models(
+    server: Server, population: Population, trained_only: bool = False
+) -> Iterator[tuple[ClientData, ClientInfo, nn.ModuleDict]]:
+    """Each client's personal model (one module, reloaded per client, in eval mode).
+
+    ``trained_only`` skips clients that never trained (they have no values of their own).
+    """
+    model = copy.deepcopy(server.template).to(server.device)
+    template = server.template.state_dict()
+    for cid, data in sorted(population.clients.items()):
+        memory = population.store.get(cid)
+        if trained_only and (memory is None or memory.model is None):
+            continue
+        info = server.roster[cid]
+        own = memory.model if memory is not None and memory.model is not None else template
+        state = {k: v for k, v in server.pool[info.cluster or 0].items() if k in template}
+        state.update({k: own[k] for k in server.private})
+        model.load_state_dict(state, strict=False)
+        yield data, info, model.eval()
+
+
+def supervised_metrics(server: Server, population: Population) -> dict[str, Any]:
+    """Personalised accuracy (mean over clients of their personal model on their local
+    test set), F1/AUROC for clustered set-ups, and global test accuracy (pool of one)."""
+    cfg = server.recipe.evaluation
+    clustered = len(server.pool) > 1 or server.data.groups is not None
+    per_client, predictions = [], []
+    for data, _, model in personal_models(server, population):
+        per_client.append(accuracy(model, data.test, server.device))
+        if clustered:
+            predictions.append(predict(model, data.test, server.device))
     metrics: dict[str, Any] = {"personalized_accuracy": float(np.mean(per_client))}
-    if len(models) > 1 or server.data.groups is not None:
-        metrics.update(personalized_metrics(run, models))
-    if len(models) == 1:
-        test = capped(server.data.test, cfg.max_eval, run.recipe.seed)
-        metrics["test_accuracy"] = accuracy(models[0], test, server.device)
+    if clustered:
+        metrics.update(personalized_metrics(predictions, server.data.num_classes))
+    if len(server.pool) == 1:
+        test = capped(server.data.test, cfg.max_eval, server.recipe.seed)
+        metrics["test_accuracy"] = accuracy(server.model(0), test, server.device)
     return metrics
 
 
@@ -117,26 +163,44 @@ def evaluation_sets(server: Server) -> tuple[ImageSet, ImageSet]:
     return train, capped(server.data.test, cfg.max_eval, seed)
 
 
-def representation_metrics(run: Run, protocol: str) -> dict[str, Any]:
-    """kNN monitor, linear probe or semi-supervised fine-tuning on cluster 0's encoder."""
-    train, test = evaluation_sets(run.server)
-    encoder = run.server.model(0)["encoder"]
-    cfg, seed = run.recipe.evaluation, run.recipe.seed
-    return score_encoder(encoder, train, test, protocol, cfg, seed, run.server.device)
+def representation_metrics(
+    server: Server, protocol: str, population: Population | None = None
+) -> dict[str, Any]:
+    """Cluster 0's encoder scored with ``protocol``; with a ``population``, also every
+    trained client's personal encoder (``personal_<metric>``: the mean over clients;
+    ``client_<metric>``: each client's score)."""
+    train, test = evaluation_sets(server)
+    cfg, seed, device = server.recipe.evaluation, server.recipe.seed, server.device
+    metrics = score_encoder(server.model(0)["encoder"], train, test, protocol, cfg, seed, device)
+    if population is None:
+        return metrics
+    scores: dict[str, dict[str, Any]] = {}
+    for data, _, model in personal_models(server, population, trained_only=True):
+        scores[str(data.id)] = score_encoder(
+            model["encoder"], train, test, protocol, cfg, seed, device
+        )
+    for name in next(iter(scores.values()), {}):
+        values = {cid: s[name] for cid, s in scores.items()}
+        metrics[f"personal_{name}"] = float(np.mean(list(values.values())))
+        metrics[f"client_{name}"] = values
+    return metrics
 
 
 @torch.no_grad()
-def evaluate_round(run: Run, round: int) -> dict[str, Any]:
+def evaluate_round(
+    server: Server, population: Population, plugins: Plugins, round: int
+) -> dict[str, Any]:
     """The core protocol's metrics plus every plugin's ``evaluate`` results."""
-    cfg = run.recipe.evaluation
-    metrics: dict[str, Any] = identity_metrics(run)
-    if not due(cfg.every, round, run.recipe.federation.rounds):
+    cfg = server.recipe.evaluation
+    metrics: dict[str, Any] = identity_metrics(server)
+    if not due(cfg.every, round, server.recipe.federation.rounds):
         return metrics
     if cfg.protocol == "supervised":
-        metrics.update(supervised_metrics(run))
+        metrics.update(supervised_metrics(server, population))
     elif cfg.protocol in ("knn", "linear", "semi"):
         with torch.enable_grad():
-            metrics.update(representation_metrics(run, cfg.protocol))
-    for extra in run.hook.evaluate(server=run.server, round=round):
+            personal = population if cfg.personal else None
+            metrics.update(representation_metrics(server, cfg.protocol, personal))
+    for extra in plugins.call("evaluate", server=server, round=round):
         metrics.update(extra or {})
     return metrics

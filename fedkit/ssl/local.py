@@ -1,24 +1,28 @@
-"""A method-agnostic local training loop for two-view self-supervised learning.
+"""The method-agnostic objective of two-view self-supervised local training.
 
 Each step draws two batched augmentations of a mini-batch and minimises a loss the
 caller supplies; an optional callback runs after every optimiser step (for example a
-target network's moving average).
-Everything random (order, crops, jitter) comes from one seeded ``torch.Generator``.
+target network's moving average). Everything random (order, crops, jitter) comes from
+one seeded ``torch.Generator``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from fedkit.data.datasets import ImageSet
-from fedkit.recipe import FederationConfig
+from fedkit.fit import Objective
 from fedkit.ssl.augment import TwoViewAugment
-from fedkit.training import batches, make_optimizer
+from fedkit.training import batches
 
-TwoViewLoss = Callable[[nn.ModuleDict, Tensor, Tensor], Tensor]
+if TYPE_CHECKING:
+    from fedkit.client import ClientContext
+
+TwoViewLoss = Callable[[nn.Module, Tensor, Tensor], Tensor]
 
 
 def two_view_augment(data: ImageSet, crop_scale: tuple[float, float]) -> TwoViewAugment:
@@ -28,41 +32,47 @@ def two_view_augment(data: ImageSet, crop_scale: tuple[float, float]) -> TwoView
     return TwoViewAugment(size, data.mean, data.std, scale=crop_scale)
 
 
-def train_two_view(
-    model: nn.ModuleDict,
+def two_view_batches(
     data: ImageSet,
-    cfg: FederationConfig,
-    round: int,
+    batch_size: int,
+    augment: TwoViewAugment,
+    *,
+    generator: torch.Generator,
+    device: torch.device,
+    drop_last: bool = False,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """One epoch of (view 1, view 2) batches; batches of fewer than two images are skipped
+    (BatchNorm needs two)."""
+    for x, _ in batches(data, batch_size, generator=generator, drop_last=drop_last):
+        if len(x) < 2:
+            continue
+        yield augment(x.to(device), generator)
+
+
+def two_view_objective(
+    ctx: ClientContext,
     loss_fn: TwoViewLoss,
     params: Iterable[nn.Parameter],
     *,
-    device: torch.device,
-    generator: torch.Generator,
     crop_scale: tuple[float, float] = (0.08, 1.0),
     after_step: Callable[[], None] | None = None,
-) -> dict[str, float]:
-    """Run ``cfg.local_epochs`` epochs of ``loss_fn(model, view1, view2)``.
+) -> Objective:
+    """``loss_fn(model, view1, view2)`` on two augmentations of the client's batches;
+    ``params`` are what the optimiser (the recipe's, at this round's lr) updates."""
+    cfg = ctx.recipe.federation
+    augment = two_view_augment(ctx.train, crop_scale)
 
-    ``params`` are what the optimiser (the recipe's, at this round's lr) updates. Batches
-    of fewer than two images are skipped (BatchNorm needs two). Returns the mean loss of
-    the last epoch.
-    """
-    model.train()
-    augment = two_view_augment(data, crop_scale)
-    optimizer = make_optimizer(params, cfg, round)
-    loss_sum, count = 0.0, 0
-    for _ in range(cfg.local_epochs):
-        loss_sum, count = 0.0, 0
-        for x, _ in batches(data, cfg.batch_size, generator=generator, drop_last=cfg.drop_last):
-            if len(x) < 2:
-                continue
-            v1, v2 = augment(x.to(device), generator)
-            loss = loss_fn(model, v1, v2)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            if after_step is not None:
-                after_step()
-            loss_sum += loss.item() * len(x)
-            count += len(x)
-    return {"loss": loss_sum / max(count, 1)}
+    def epoch() -> Iterator[tuple[Tensor, Tensor]]:
+        return two_view_batches(
+            ctx.train,
+            cfg.batch_size,
+            augment,
+            generator=ctx.rng,
+            device=ctx.device,
+            drop_last=cfg.drop_last,
+        )
+
+    def loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+        return loss_fn(model, *batch)
+
+    return Objective(loss, epoch, params=list(params), after_step=after_step)
