@@ -33,7 +33,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "always-local predictor": {"plugins": [{"fedu": {"predictor": "local"}}]},
     "single-client (mean over clients)": {
         "plugins": [{"fedbyol": {}}, {"single_client": {}}],
-        "protocol": "none",
+        "personal": True,
     },
     "FedSimSiam": {"plugins": [{"fedsimsiam": {}}]},
     "FedSimCLR": {"plugins": [{"fedsimclr": {}}]},
@@ -41,6 +41,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "plugins": [{"fedca": {}}],
         "data": {"server_fraction": 0.1},
     },
+    "FedEMA (on FedBYOL, τ=0.8)": {"plugins": [{"fedbyol": {}}, {"fedema": {"tau": 0.8}}]},
 }
 SHORT = dict(
     zip(
@@ -54,6 +55,7 @@ SHORT = dict(
             "fedsimsiam",
             "fedsimclr",
             "fedca",
+            "fedema",
         ],
         CONFIGS,
         strict=True,
@@ -110,8 +112,8 @@ def make_recipe(args: argparse.Namespace, name: str, seed: int) -> Recipe:
     if spec.get("central"):
         raw["data"].update(num_clients=1, partition={"name": "iid"})
         raw["federation"]["clients_per_round"] = 1
-    if spec.get("protocol"):
-        raw["evaluation"]["protocol"] = spec["protocol"]
+    if spec.get("personal"):
+        raw["evaluation"]["personal"] = True
     return validate(raw)
 
 
@@ -120,18 +122,21 @@ def run_config(args: argparse.Namespace, name: str, seed: int) -> dict[str, Any]
     began = time.perf_counter()
     run = prepare(recipe)
     if not CONFIGS[name].get("train", True):
-        acc = representation_metrics(run, "linear")["linear_accuracy"]
+        acc = representation_metrics(run.server, "linear")["linear_accuracy"]
         return {"config": name, "seed": seed, "linear_accuracy": acc, "seconds": 0.0}
     row: dict[str, Any] = {}
     decisions: dict[str, int] = {}
     for r in range(1, recipe.federation.rounds + 1):
         row = run_round(run, r)
-        for entry in row.get("dapu", {}).values():
-            decisions[entry["decision"]] = decisions.get(entry["decision"], 0) + 1
+        for entry in row["per_client"].values():
+            if "dapu_global" in entry:
+                decision = "global" if entry["dapu_global"] else "local"
+                decisions[decision] = decisions.get(decision, 0) + 1
+    personal = CONFIGS[name].get("personal")
     result = {
         "config": name,
         "seed": seed,
-        "linear_accuracy": row["linear_accuracy"],
+        "linear_accuracy": row["personal_linear_accuracy" if personal else "linear_accuracy"],
         "train_loss": row["train_loss"],
         "seconds": round(time.perf_counter() - began, 1),
         "bytes_up": row["bytes"]["up_model"],

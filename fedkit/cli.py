@@ -147,7 +147,7 @@ def list_plugins() -> None:
     """List installed plugins: package, hooks, and whether they upload data-derived tensors."""
     table = Table(title="fedkit plugins")
     for column in ("plugin", "package", "server hooks", "client hooks", "data-derived", "summary"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for name, ep in plugin_registry.discover().items():
         info = plugin_registry.describe(ep)
         sides = info.hooks_by_side()

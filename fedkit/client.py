@@ -128,7 +128,8 @@ class ClientContext:
         raise AttributeError(
             f"ClientContext has no {name!r}: a client-side hook sees only what a real client "
             "has (id, train, test, recipe, round, device, rng, state, tensors, "
-            "participations, cluster, received, keys, steps, fetch, log, fit); the pool, "
+            "participations, cluster, received, keys, steps, fetch, fetched, log, logged, "
+            "fit); the pool, "
             "the ledger, the store and other clients stay on the server"
         )
 
@@ -148,6 +149,16 @@ class ClientContext:
         if cluster not in self._fetched:
             self._fetched.append(cluster)
         return {k: v.clone() for k, v in self._offers[cluster].items()}
+
+    @property
+    def logged(self) -> dict[str, Any]:
+        """What this client reported with ``log`` so far this round (a copy)."""
+        return dict(self._metrics)
+
+    @property
+    def fetched(self) -> list[int]:
+        """The clusters this client downloaded so far this round, in order (a copy)."""
+        return list(self._fetched)
 
     def log(self, **values: Any) -> None:
         """Report values for this round's metrics (numbers are averaged over clients,

@@ -170,14 +170,15 @@ def receive(server: Server, result: ClientResult) -> None:
 
 
 def update_cluster(run: Run, cluster: int, uploads: list[Upload]) -> dict[str, Tensor]:
-    """``aggregate`` claims plus the weighted mean of every other uploaded key, then
-    ``server_update`` claims on top."""
+    """``aggregate`` claims plus the weighted mean of every other uploaded key (in the
+    dtype the cluster state had), then ``server_update`` claims on top."""
     server, plugins = run.server, run.plugins
     previous = server.pool[cluster]
     claimed = plugins.claims("aggregate", server=server, cluster=cluster, uploads=uploads)
     state = dict(previous)
     for key in sorted({k for u in uploads for k in u.tensors} - set(claimed)):
-        state[key] = weighted_mean([u for u in uploads if key in u.tensors], key)
+        mean = weighted_mean([u for u in uploads if key in u.tensors], key)
+        state[key] = mean.to(previous[key].dtype) if key in previous else mean
     for key, value in claimed.items():
         if value is None:
             state.pop(key, None)

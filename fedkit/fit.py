@@ -4,8 +4,8 @@ add loss terms and act on gradients.
 An ``Objective`` says *what* to minimise (a loss on a batch, where batches come from,
 which parameters learn); ``run_loop`` does the stepping. Client-side training goes
 through ``fit``, which adds the recipe's optimiser at the round's learning rate and calls
-the ``loss_terms`` and ``before_step`` hooks of every active plugin, so FedProx or
-SCAFFOLD compose with any method whose training is an objective.
+the ``loss_terms`` and ``before_step`` hooks of every active plugin, so a proximal term or
+a gradient correction composes with any method whose training is an objective.
 """
 
 from __future__ import annotations

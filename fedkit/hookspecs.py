@@ -122,7 +122,7 @@ def auxiliary_keys(recipe: Recipe) -> Iterable[str] | None:
     non-model key is data-derived unless a plugin declares it auxiliary here.
 
     :param recipe: the validated recipe.
-    :returns: ``fnmatch`` patterns of keys (``"scaffold.*"``), or ``None``.
+    :returns: ``fnmatch`` patterns of keys (``"myplugin.*"``), or ``None``.
     """
 
 
@@ -235,7 +235,7 @@ def loss_terms(ctx: ClientContext, model: nn.ModuleDict, batch: Any) -> dict[str
     Called on the client per batch, after the objective's loss. Every returned term is
     added to the loss before ``backward`` and logged as ``loss_<name>`` (averaged over
     the epoch, like ``loss``); names are claimed, so two plugins cannot add the same one.
-    FedProx's proximal term lives here.
+    A proximal term towards the global model lives here.
 
     :param ctx: the client context (``ctx.received`` holds the global model).
     :param model: the model being trained.
@@ -249,7 +249,7 @@ def before_step(ctx: ClientContext, model: nn.ModuleDict, optimizer: Optimizer) 
     """Act on gradients after ``backward`` and before the optimiser step.
 
     Called on the client at every step of the core fit loop, in recipe order. Gradient
-    corrections (SCAFFOLD), clipping and noise go here; modify ``p.grad`` in place.
+    corrections (control variates), clipping and noise go here; modify ``p.grad`` in place.
 
     :param ctx: the client context.
     :param model: the model being trained.
@@ -338,7 +338,7 @@ def server_update(
 
     Called on the server per aggregated cluster, after ``aggregate``. ``previous`` is the
     cluster state the round started from, ``aggregated`` the result of aggregation.
-    Unclaimed keys take the aggregated value. FedAvgM and FedAdam treat
+    Unclaimed keys take the aggregated value. Server momentum or Adam treat
     ``previous − aggregated`` as a pseudo-gradient here; keep optimiser state in
     ``server.tensors``.
 

@@ -29,7 +29,7 @@ def under(model_or_keys: nn.Module | Mapping[str, Tensor] | Iterable[str], parts
 
 
 def matching(keys: Iterable[str], patterns: Iterable[str]) -> list[str]:
-    """Keys matching any ``fnmatch`` pattern (``"scaffold.*"``, ``"*.running_*"``)."""
+    """Keys matching any ``fnmatch`` pattern (``"myplugin.*"``, ``"*.running_*"``)."""
     patterns = list(patterns)
     return [k for k in keys if any(fnmatch.fnmatchcase(k, p) for p in patterns)]
 

@@ -13,6 +13,7 @@ import functools
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -163,9 +164,9 @@ class Plugins:
             self.pm.register(obj, name=name)
             self._check_impls(obj, name)
         self.names = list(self.objects)
-        self.tracing = os.environ.get("FEDKIT_TRACE_PLUGINS") == "1"
-        if self.tracing:
-            self.pm.add_hookcall_monitoring(self._trace_before, lambda *a: None)
+        self.observers: list[Callable[[str, list[str], dict[str, Any]], None]] = []
+        if os.environ.get("FEDKIT_TRACE_PLUGINS") == "1":
+            self.observe(self._trace)
 
     def _check_impls(self, obj: Any, name: str) -> None:
         """Reject wrappers on hooks fedkit calls itself; name plugin errors by plugin and hook."""
@@ -185,25 +186,31 @@ class Plugins:
                     )
                 impl.function = _guard(impl.function, name, caller.name)
 
+    def observe(self, observer: Callable[[str, list[str], dict[str, Any]], None]) -> None:
+        """Call ``observer(hook, plugin_names, kwargs)`` before every hook call on this
+        side (``FEDKIT_TRACE_PLUGINS=1`` prints them this way)."""
+        self.observers.append(observer)
+
     @staticmethod
-    def _trace_before(hook_name: str, impls: list, kwargs: dict) -> None:
-        names = ", ".join(impl.plugin_name for impl in impls) or "(none)"
-        print(f"[fedkit] {hook_name} -> {names}", file=sys.stderr)
+    def _trace(hook: str, names: list[str], kwargs: dict[str, Any]) -> None:
+        print(f"[fedkit] {hook} -> {', '.join(names) or '(none)'}", file=sys.stderr)
 
     def _caller(self, hook: str) -> Any:
         if hook_side(hook) != self.side:
             raise RuntimeError(f"hook {hook!r} runs on the {hook_side(hook)} side, not {self.side}")
         return getattr(self.pm.hook, hook)
 
-    def _impls(self, hook: str) -> list[Any]:
-        """Implementations in recipe order."""
+    def _impls(self, hook: str, kwargs: dict[str, Any]) -> list[Any]:
+        """Implementations in recipe order (observers are told about the call)."""
         impls = list(reversed(self._caller(hook).get_hookimpls()))
-        if self.tracing:
-            self._trace_before(hook, list(reversed(impls)), {})
+        for observer in self.observers:
+            observer(hook, [impl.plugin_name for impl in impls], kwargs)
         return impls
 
     def call(self, hook: str, **kwargs: Any) -> Any:
         """Call an ``all`` hook (list of results) or a ``firstresult`` one (one result)."""
+        if self.observers:
+            self._impls(hook, kwargs)
         return self._caller(hook)(**kwargs)
 
     def implementers(self, hook: str) -> list[str]:
@@ -217,7 +224,7 @@ class Plugins:
         """
         owners: dict[str, str] = {}
         merged: dict[str, Any] = {}
-        for impl in self._impls(hook):
+        for impl in self._impls(hook, kwargs):
             result = impl.function(*[kwargs[arg] for arg in impl.argnames])
             for key, value in (result or {}).items():
                 if key in owners:
@@ -228,7 +235,7 @@ class Plugins:
 
     def chain(self, hook: str, value_arg: str, **kwargs: Any) -> Any:
         """Call a chain hook: each plugin in recipe order may replace ``kwargs[value_arg]``."""
-        for impl in self._impls(hook):
+        for impl in self._impls(hook, kwargs):
             result = impl.function(*[kwargs[arg] for arg in impl.argnames])
             if result is not None:
                 kwargs[value_arg] = result

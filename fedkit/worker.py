@@ -90,9 +90,9 @@ class Worker:
         memory.model = {k: v.cpu() for k, v in after.items()}
         memory.participations += 1
         memory.cluster = ctx.cluster
-        metrics: dict[str, Any] = {**ctx._metrics, **stats}
+        metrics: dict[str, Any] = {**ctx.logged, **stats}
         result = ClientResult(
-            data.id, ctx.cluster, float(len(data.train)), upload, list(ctx._fetched), metrics
+            data.id, ctx.cluster, float(len(data.train)), upload, ctx.fetched, metrics
         )
         return result, memory
 

@@ -86,9 +86,61 @@ def prepared(raw: dict[str, Any], **extra: Any):
     return prepare(recipe, plugins)
 
 
+def kept_model(run, cid: int) -> dict[str, Any] | None:
+    """The model state client ``cid`` kept after its last round (``None`` before its first)."""
+    memory = run.executor.store.get(cid)
+    return None if memory is None else memory.model
+
+
+def client_context(
+    raw: dict[str, Any],
+    *,
+    id: int = 7,
+    train: Any = None,
+    participations: int = 0,
+    state: dict[str, Any] | None = None,
+    tensors: dict[str, Any] | None = None,
+    received: dict[str, Any] | None = None,
+    round: int = 1,
+):
+    """A real ``ClientContext`` for calling client-side hooks directly in unit tests.
+
+    ``train`` defaults to an empty image set (mean 0, std 1); the context has no cluster
+    models to fetch and no plugins (``ctx.fit`` runs only the objective)."""
+    from fedkit.client import ClientContext, ClientData, ClientMemory, ModelKeys
+    from fedkit.data.datasets import ImageSet
+    from fedkit.recipe import validate
+
+    if train is None:
+        images = torch.zeros(0, 3, 1, 1, dtype=torch.uint8)
+        train = ImageSet(images, torch.zeros(0, dtype=torch.long), [], (0.0,) * 3, (1.0,) * 3)
+    memory = ClientMemory(
+        tensors=dict(tensors or {}), state=dict(state or {}), participations=participations
+    )
+    return ClientContext(
+        ClientData(id, train, train),
+        memory,
+        recipe=validate(raw),
+        round=round,
+        device=torch.device("cpu"),
+        rng=torch.Generator().manual_seed(0),
+        keys=ModelKeys(frozenset(), frozenset(), frozenset()),
+        received=received,
+    )
+
+
+def logged(ctx) -> dict[str, Any]:
+    """What client-side hooks reported through ``ctx.log`` (the client's metrics)."""
+    return ctx.logged
+
+
 class Spy:
     """Records, per (round, client), the state local training starts from and what the
-    server sent; per round, the uploads the server aggregated. Trains nothing."""
+    server sent; per round, the uploads the server aggregated. Trains nothing.
+
+    ``local_train`` runs on the client side (it reads ``ctx.received``) and returns
+    ``None`` so that the method's own training still runs; ``aggregate`` runs on the
+    server side and claims nothing."""
 
     def __init__(self) -> None:
         self.loaded: dict[tuple[int, int], dict[str, Any]] = {}
@@ -96,19 +148,26 @@ class Spy:
         self.uploads: dict[int, list] = {}
 
     @hookimpl
-    def local_train(self, client, model, server):
-        key = (server.round, client.id)
+    def local_train(self, ctx, model):
+        key = (ctx.round, ctx.id)
         self.loaded[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.received[key] = dict(client.received)
+        self.received[key] = dict(ctx.received)
 
     @hookimpl
     def aggregate(self, server, cluster, uploads):
         self.uploads[server.round] = uploads
 
 
+def attach_spy(run) -> Spy:
+    """Register a ``Spy`` next to a prepared run's plugins, on both sides: the server's
+    plugin manager (``aggregate``) and the worker's (``local_train``)."""
+    spy = Spy()
+    run.plugins.pm.register(spy, name="spy")
+    run.executor.worker.plugins.pm.register(spy, name="spy")
+    return spy
+
+
 def spied(raw: dict[str, Any], **extra: Any):
     """A prepared run with a ``Spy`` registered next to its plugins."""
     run = prepared(raw, **extra)
-    spy = Spy()
-    run.plugins.pm.register(spy, name="spy")
-    return run, spy
+    return run, attach_spy(run)

@@ -12,18 +12,33 @@ import pytest
 from conftest import tiny_recipe
 from typer.testing import CliRunner
 
+import fedkit
 from fedkit.cli import app
-from fedkit.plugins import describe, discover, hook_names
+from fedkit.plugins import describe, discover, hook_names, hook_side
 
 runner = CliRunner()
 
 
-def test_plugins_lists_fedavg_with_package_and_hooks():
-    result = runner.invoke(app, ["plugins"], terminal_width=200)
+def cells(line: str) -> list[str]:
+    """The cells of one row of a rich table."""
+    return [cell.strip() for cell in line.split("│")[1:-1]]
+
+
+def test_plugins_lists_fedavg_with_package_and_hooks(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # wide enough for one line per plugin
+    result = runner.invoke(app, ["plugins"])
     assert result.exit_code == 0
+    header = next(ln for ln in result.output.splitlines() if "plugin" in ln and "┃" in ln)
+    assert [c.strip() for c in header.split("┃")[1:-1]][:4] == [
+        "plugin",
+        "package",
+        "server hooks",
+        "client hooks",
+    ]
     line = next(ln for ln in result.output.splitlines() if "fedavg" in ln)
-    assert "fedkit 0.1.0" in line
-    assert "init_models" in result.output and "local_train" in result.output
+    name, package, server, client, *_ = cells(line)
+    assert name == "fedavg" and package == f"fedkit {fedkit.__version__}"
+    assert server == "init_models" and client == "local_objective"
 
 
 def test_recipes_lists_quickstart_with_description():
@@ -43,6 +58,10 @@ def test_every_installed_plugin_is_documented_and_implements_hooks(name):
     info = describe(discover()[name])
     assert info.summary, f"{name} needs a docstring"
     assert info.hooks and set(info.hooks) <= set(hook_names())
+    sides = info.hooks_by_side()
+    assert sorted(sides) == ["client", "server"]
+    assert sorted(sides["server"] + sides["client"]) == sorted(info.hooks)
+    assert all(hook_side(h) == side for side, hooks in sides.items() for h in hooks)
 
 
 THIRD_PARTY = '''

@@ -15,21 +15,25 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import attach_spy, kept_model
 from PIL import Image
 from safetensors.torch import save_file
 
 from fedkit import checkpoint, rundir
 from fedkit.aggregation import weighted_mean
+from fedkit.checkpoint import saved_part
+from fedkit.client import ClientMemory
 from fedkit.data.datasets import ImageSet
 from fedkit.data.federated import split_federated
 from fedkit.engine import prepare, run_round
 from fedkit.errors import RecipeError
+from fedkit.messages import ClientJob, read_only
 from fedkit.models.backbones import create_backbone
 from fedkit.recipe import DataConfig, validate
 from fedkit.server import Upload
 from fedkit.ssl.pretrain import PretrainConfig, build_heads, pretrain_encoder
 from fedkit.training import supervised_loss
-from fedkit_plugins.clustered import load_encoder, lowest_loss_cluster
+from fedkit_plugins.clustered import PRETRAINED, load_encoder, lowest_loss_cluster
 
 HEAD_KEYS = ("classifier.0.weight", "classifier.0.bias")
 PAPER_TC = 10  # IFCA has no switch round; its bound is the paper's T_c + 3
@@ -137,7 +141,7 @@ def test_ifca_with_restarts_recovers_true_groups_within_tc_plus_3(blobs: Path) -
 
 def test_lowest_loss_selection_picks_the_model_with_the_lowest_loss(blobs: Path) -> None:
     run = prepare(recipe(blobs, {"ifca": {"num_clusters": 3}}))
-    server, client = run.server, run.clients[4]
+    server, client = run.server, run.executor.clients[4]
     counts = torch.bincount(client.train.labels, minlength=10).double()
     prior = torch.log((counts + 1e-3) / counts.sum()).float()
     weight = server.pool[0]["classifier.0.weight"]
@@ -146,7 +150,12 @@ def test_lowest_loss_selection_picks_the_model_with_the_lowest_loss(blobs: Path)
     server.pool[1]["classifier.0.weight"] = weight * 50
     losses = [supervised_loss(server.model(c), client.train, server.device) for c in range(3)]
     assert int(np.argmin(losses)) == 2
-    assert lowest_loss_cluster(client, server, run.plugins.objects["ifca"].scratch) == 2
+    # client 4's context as its worker builds it in round 1, offered the whole pool
+    worker = run.executor.worker
+    job = ClientJob(1, client.id, 0, read_only(server.pool))
+    ctx = worker.context(job, client, ClientMemory())
+    assert lowest_loss_cluster(ctx, worker.model) == 2
+    assert ctx.fetched == [0, 1, 2]  # scoring downloads every cluster (booked by the ledger)
 
 
 def test_clusters_aggregate_their_own_clients_weighted_and_unchosen_keep_their_model(
@@ -157,13 +166,14 @@ def test_clusters_aggregate_their_own_clients_weighted_and_unchosen_keep_their_m
     metrics = run_round(run, 1)
     chosen = {int(c) for c in metrics["clusters"].values()}
     assert chosen != set(range(5))
+    clients = run.executor.clients
     for cluster in range(5):
-        members = [c for c in run.clients if c.cluster == cluster]
+        members = [info.id for info in run.server.roster if info.cluster == cluster]
         if not members:
             for key, value in before[cluster].items():
                 assert torch.equal(run.server.pool[cluster][key], value)
             continue
-        uploads = [Upload(c.id, float(c.num_samples), run.store.get(c.id)) for c in members]
+        uploads = [Upload(c, float(len(clients[c].train)), kept_model(run, c)) for c in members]
         for key in HEAD_KEYS + ("encoder.conv1.0.weight",):
             expected = weighted_mean(uploads, key)
             assert torch.allclose(run.server.pool[cluster][key], expected, atol=1e-6)
@@ -188,26 +198,24 @@ def test_cpcfl_freezes_the_encoder_before_switch_round(blobs: Path, tmp_path: Pa
     enc = random_encoder_file(tmp_path / "enc.safetensors")
     plugin = {"cpcfl": {"switch_round": 1, "encoder": str(enc)}}
     run = prepare(recipe(blobs, plugin, **{"data.server_fraction": 0.0}))
+    spy = attach_spy(run)
     start = copy.deepcopy(run.server.pool)
     metrics = run_round(run, 1)
     assert metrics["encoder_frozen"] is True
-    for client in run.clients:
-        after = run.store.get(client.id)
-        for key, value in client.received.items():
+    for cid in run.executor.clients:
+        after, received = kept_model(run, cid), spy.received[(1, cid)]
+        for key, value in received.items():
             if key.startswith("encoder."):
                 assert torch.equal(after[key], value), key
-        assert not torch.equal(after["classifier.0.weight"], client.received["classifier.0.weight"])
+        assert not torch.equal(after["classifier.0.weight"], received["classifier.0.weight"])
     for cluster, state in enumerate(run.server.pool):
         for key, value in start[cluster].items():
             if key.startswith("encoder.") and value.is_floating_point():
                 assert torch.allclose(state[key], value, atol=1e-7)
     metrics = run_round(run, 2)
     assert metrics["encoder_frozen"] is False
-    client = run.clients[0]
-    after = run.store.get(client.id)
-    assert not torch.equal(
-        after["encoder.conv1.0.weight"], client.received["encoder.conv1.0.weight"]
-    )
+    after, received = kept_model(run, 0), spy.received[(2, 0)]
+    assert not torch.equal(after["encoder.conv1.0.weight"], received["encoder.conv1.0.weight"])
 
 
 def test_cpcfl_pool_is_one_encoder_with_n_random_heads(blobs: Path, tmp_path: Path) -> None:
@@ -232,12 +240,15 @@ def test_cpcfl_stage1_saves_a_reusable_encoder_and_scores_relevance(
     rec = recipe(blobs, {"cpcfl": {"pretrain": pretrain}}, **{"federation.rounds": 1})
     out = tmp_path / "run"
     summary = rundir.execute(rundir.start(rec, out), out)
-    assert (out / "encoder.safetensors").is_file()
+    # kept by the core in the run's checkpoint (server.safetensors, pretrained_encoder/*)
+    saved = saved_part(out, "", PRETRAINED, "server")
+    assert saved.keys() == create_backbone(rec.backbone).state_dict().keys()
+    assert not (out / "encoder.safetensors").exists()
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert -1.0 <= first["relevance_score"] <= 1.0
     assert summary["final"]["clusters"].keys() == {str(i) for i in range(9)}
+    assert all(torch.equal(load_encoder(out)[k], v) for k, v in saved.items())
     reuse = prepare(recipe(blobs, {"cpcfl": {"encoder": str(out)}}))
-    saved = load_encoder(out / "encoder.safetensors")
     assert all(torch.equal(reuse.server.pool[0][f"encoder.{k}"], v) for k, v in saved.items())
 
 

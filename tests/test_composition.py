@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-from conftest import prepared
+from conftest import kept_model, prepared
 
 from fedkit import hookimpl
-from fedkit.engine import aggregate_cluster, run_round
+from fedkit.engine import run_round, update_cluster
 from fedkit.errors import ClaimConflict, PluginError
+from fedkit.keys import under
 from fedkit.server import Upload
+from fedkit.training import accuracy
 
 
 class KeepClassifier:
     """Claims the classifier keys in update_client: the client keeps its own head."""
 
     @hookimpl
-    def update_client(self, client, server, received, local):
+    def update_client(self, ctx, received, local):
         return {k: v for k, v in local.items() if k.startswith("classifier.")}
 
 
 class AlsoClassifier:
     @hookimpl
-    def update_client(self, client, server, received, local):
+    def update_client(self, ctx, received, local):
         return {"classifier.weight": local["classifier.weight"]}
 
 
@@ -30,15 +34,15 @@ class PrivateHead:
     """Declares the classifier private: never in the pool, never uploaded."""
 
     @hookimpl
-    def private_parts(self, recipe):
-        return ["classifier"]
+    def private_keys(self, recipe, model):
+        return under(model, "classifier")
 
 
 class SendFeatures:
     uploads_data_derived = True
 
     @hookimpl
-    def upload_selection(self, client, server, local):
+    def upload_selection(self, ctx, local, model):
         return {"features.mean": torch.ones(4), "encoder.conv1.0.weight": None}
 
     @hookimpl
@@ -65,10 +69,10 @@ class Recorder:
         self.seen = {}
 
     @hookimpl
-    def local_train(self, client, model, server):
-        self.seen[client.id] = {k: v.clone() for k, v in model.state_dict().items()}
+    def local_train(self, ctx, model):
+        self.seen[ctx.id] = {k: v.clone() for k, v in model.state_dict().items()}
         with torch.no_grad():
-            model["classifier"].bias.add_(client.id + 1.0)
+            model["classifier"].bias.add_(ctx.id + 1.0)
         return {"loss": 0.0}
 
 
@@ -76,7 +80,7 @@ def test_unclaimed_keys_are_replaced_and_claimed_keys_kept():
     rec = Recorder()
     run = prepared(recipe("rec", "fedavg", "keep"), rec=rec, keep=KeepClassifier())
     run_round(run, 1)
-    kept = {cid: run.store.get(cid) for cid in range(3)}
+    kept = {cid: kept_model(run, cid) for cid in range(3)}
     pool = {k: v.clone() for k, v in run.server.pool[0].items()}
     run_round(run, 2)
     for cid in range(3):
@@ -93,16 +97,30 @@ def test_conflicting_claims_name_both_plugins():
         run_round(run, 1)
 
 
-def test_private_parts_stay_out_of_pool_and_uploads():
+def test_private_keys_stay_out_of_pool_and_uploads():
     run = prepared(recipe("fedavg", "private"), private=PrivateHead())
     assert not any(k.startswith("classifier.") for k in run.server.pool[0])
     run_round(run, 1)
     assert not any(k.startswith("classifier.") for k in run.server.pool[0])
-    assert all(k.startswith("classifier.") or k.startswith("encoder.") for k in run.store.get(0))
+    assert run.server.private == frozenset(under(run.server.template, "classifier"))
+    kept = kept_model(run, 0)
+    assert all(k.startswith("classifier.") or k.startswith("encoder.") for k in kept)
     rows = run.server.ledger.to_rows()
-    head = sum(v.numel() * 4 for k, v in run.store.get(0).items() if k.startswith("classifier."))
+    head = sum(v.numel() * 4 for k, v in kept.items() if k.startswith("classifier."))
     enc = sum(v.numel() * v.element_size() for k, v in run.server.pool[0].items())
     assert head > 0 and all(r["up_model"] == enc for r in rows)
+
+
+def test_personalized_accuracy_scores_each_client_with_its_own_private_keys():
+    run = prepared(recipe("fedavg", "private"), private=PrivateHead())
+    row = run_round(run, 1)
+    model = copy.deepcopy(run.server.template)
+    scores = []
+    for cid, data in sorted(run.executor.clients.items()):
+        own = {k: v for k, v in kept_model(run, cid).items() if k in run.server.private}
+        model.load_state_dict({**run.server.pool[0], **own})  # shared from the pool
+        scores.append(accuracy(model, data.test, torch.device("cpu")))
+    assert row["personalized_accuracy"] == pytest.approx(sum(scores) / len(scores))
 
 
 def test_data_derived_uploads_are_counted_apart():
@@ -130,7 +148,7 @@ def test_default_aggregation_is_weighted_mean_and_unclaimed_cluster_keeps_model(
         Upload(0, 1.0, {key: torch.zeros_like(before[key])}),
         Upload(1, 3.0, {key: torch.full_like(before[key], 4.0)}),
     ]
-    state = aggregate_cluster(run, 0, ups)
+    state = update_cluster(run, 0, ups)
     assert torch.allclose(state[key], torch.full_like(before[key], 3.0))
     assert torch.equal(state["classifier.weight"], before["classifier.weight"])
 
@@ -140,15 +158,17 @@ def test_trace_prints_hook_calls(monkeypatch, capsys):
     run = prepared(recipe("fedavg"))
     run_round(run, 1)
     err = capsys.readouterr().err
-    assert "[fedkit] local_train -> fedavg" in err
+    assert "[fedkit] local_objective -> fedavg" in err  # client side: who trains
     assert "[fedkit] update_client" in err
+    assert "[fedkit] init_models -> fedavg" in err  # server side
 
 
 def test_pool_is_weighted_mean_of_what_each_client_trained():
     run = prepared(recipe("fedavg"))
     run_round(run, 1)
-    sizes = [c.num_samples for c in run.clients]
-    states = [run.store.get(c.id) for c in run.clients]
+    clients = run.executor.clients
+    sizes = [len(clients[cid].train) for cid in sorted(clients)]
+    states = [kept_model(run, cid) for cid in sorted(clients)]
     key = "classifier.weight"
     expected = sum(s[key].double() * n for s, n in zip(states, sizes, strict=True)) / sum(sizes)
     assert not torch.equal(states[0][key], states[1][key])

@@ -4,17 +4,17 @@ composition with FedSimSiam (differs from plain FedSimSiam only in predictor upd
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import prepared, spied
+from conftest import client_context, kept_model, logged, prepared, spied
 from test_ssl_plugins import part, rounds, same, ssl_recipe
 from torch import nn
 
 from fedkit.engine import run_round
 from fedkit.errors import RecipeError
-from fedkit_plugins.dapu import DAPU, divergence, divergence_layers
+from fedkit.ssl.divergence import divergence, divergence_layers
+from fedkit_plugins.dapu import DAPU
 
 
 class Block(nn.Module):
@@ -53,9 +53,11 @@ def test_divergence_equals_a_hand_computation_on_known_models():
     assert divergence(a, a) == 0.0
 
 
-def _client(participations: int, d: float | None):
+def _context(participations: int, d: float | None):
+    """Client 7 as a client-side hook sees it, having kept divergence ``d`` (if any)."""
     state = {} if d is None else {"dapu_divergence": d}
-    return SimpleNamespace(id=7, participations=participations, state=state)
+    raw = ssl_recipe("fedsimsiam", "dapu")
+    return client_context(raw, participations=participations, state=state, round=2)
 
 
 @pytest.mark.parametrize(
@@ -64,35 +66,43 @@ def _client(participations: int, d: float | None):
 def test_decision_claims_only_predictor_keys_and_is_logged(participations, d, decision):
     plugin = DAPU(DAPU.Options(mu=0.4))
     received, local = filled(0.0, 0.0, 1.0), filled(0.0, 0.0, 2.0)
-    server = SimpleNamespace(state={})
-    claims = plugin.update_client(_client(participations, d), server, received, local)
+    ctx = _context(participations, d)
+    claims = plugin.update_client(ctx, received, local)
     assert set(claims) == set(part(received, "predictor."))
     chosen = received if decision == "global" else local
     assert same(claims, chosen, claims)
-    assert server.state["dapu"]["7"] == {"used": d, "decision": decision}
+    used = {} if d is None else {"dapu_used": d}  # nothing used on a first participation
+    assert logged(ctx) == {**used, "dapu_global": decision == "global"}
 
 
 def test_new_global_reference_measures_at_update_time():
     plugin = DAPU(DAPU.Options(mu=5.0, reference="new_global"))
     received, local = filled(0.0, 0.0, 1.0), filled(1.0, 2.0, 2.0)
-    server = SimpleNamespace(state={})
-    claims = plugin.update_client(_client(1, None), server, received, local)
-    assert server.state["dapu"]["7"]["used"] == pytest.approx((math.sqrt(54) + 4.0) / 2)
+    ctx = _context(1, None)
+    claims = plugin.update_client(ctx, received, local)
+    assert logged(ctx)["dapu_used"] == pytest.approx((math.sqrt(54) + 4.0) / 2)
+    assert logged(ctx)["dapu_global"] is False
     assert same(claims, local, claims)  # 5.67 ≥ μ = 5 → keep the local predictor
 
 
 def test_divergence_logged_per_client_per_round_matches_the_models():
-    run, _ = spied(ssl_recipe("fedsimsiam", ("dapu", {"mu": 0.4})))
+    run, spy = spied(ssl_recipe("fedsimsiam", ("dapu", {"mu": 0.4})))
     rows = rounds(run, 2)
     for row in rows:
-        assert set(row["dapu"]) == {"0", "1", "2"}
+        assert set(row["per_client"]) == {"0", "1", "2"}
     for cid in range(3):
-        log = rows[1]["dapu"][str(cid)]
-        measured = divergence(run.clients[cid].received, run.store.get(cid))
-        assert log["divergence"] == pytest.approx(measured)
-        assert log["used"] == pytest.approx(rows[0]["dapu"][str(cid)]["divergence"])
-        assert log["decision"] == ("global" if log["used"] < 0.4 else "local")
-        assert rows[0]["dapu"][str(cid)]["decision"] == "global"  # first participation
+        log, first = rows[1]["per_client"][str(cid)], rows[0]["per_client"][str(cid)]
+        measured = divergence(spy.received[(2, cid)], kept_model(run, cid))
+        assert log["dapu_divergence"] == pytest.approx(measured)
+        assert log["dapu_used"] == pytest.approx(first["dapu_divergence"])
+        assert log["dapu_global"] is (log["dapu_used"] < 0.4)
+        assert first["dapu_global"] is True and "dapu_used" not in first  # first participation
+    # the round's row averages the clients' divergences, weighted by sample counts
+    sizes = {str(cid): len(data.train) for cid, data in run.executor.clients.items()}
+    for row in rows:
+        values = {cid: v["dapu_divergence"] for cid, v in row["per_client"].items()}
+        mean = sum(values[c] * sizes[c] for c in values) / sum(sizes.values())
+        assert row["train_dapu_divergence"] == pytest.approx(mean)
 
 
 def test_with_a_huge_mu_dapu_changes_nothing():
@@ -107,14 +117,14 @@ def test_fedsimsiam_with_dapu_differs_only_in_predictor_updates():
     composed, spy = spied(ssl_recipe("fedsimsiam", ("dapu", {"mu": 0.0})))  # always local
     rounds(plain, 1), rounds(composed, 1)
     assert same(plain.server.pool[0], composed.server.pool[0], plain.server.pool[0])
-    kept = {cid: composed.store.get(cid) for cid in range(3)}
+    kept = {cid: kept_model(composed, cid) for cid in range(3)}
     run_round(plain, 2), run_round(composed, 2)
     for cid in range(3):
         a, b = plain_spy.loaded[(2, cid)], spy.loaded[(2, cid)]
         predictor = part(a, "predictor.")
         others = [k for k in a if k not in predictor]
         assert same(a, b, others)  # encoder and projector: the same global ones
-        assert same(a, composed.clients[cid].received, predictor)  # plain: global predictor
+        assert same(a, spy.received[(2, cid)], predictor)  # plain: global predictor
         assert same(b, kept[cid], predictor)  # dapu: the client's own predictor
         assert not same(a, b, predictor)
 
@@ -136,4 +146,4 @@ def test_fedu_with_dapu_always_global_is_fedbyol():
     rounds(byol, 2), rounds(fedu, 2)
     assert same(byol.server.pool[0], fedu.server.pool[0], byol.server.pool[0])
     for cid in range(3):
-        assert same(byol.store.get(cid), fedu.store.get(cid), byol.store.get(cid))
+        assert same(kept_model(byol, cid), kept_model(fedu, cid), kept_model(byol, cid))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedkit import hookdocs, hookspecs
-from fedkit.plugins import hook_names
+from fedkit.plugins import hook_kind, hook_names, hook_side
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,10 +29,14 @@ def test_each_hook_documented_with_signature(name):
     assert ":returns:" in doc
     page = (ROOT / "docs" / "hooks.md").read_text()
     assert f"## `{name}`" in page and hookdocs.signature(name) in page
+    assert f"*Side:* {hook_side(name)} · *Kind:* {hook_kind(name)}" in page
 
 
 def test_the_core_names_no_federated_method():
-    names = r"\b(fedavg|fedu|dapu|fedbyol|fedsimsiam|fedsimclr|fedca|ifca|cpcfl|cp-cfl)\b"
+    names = (
+        r"\b(fedavg|fedu|dapu|fedbyol|fedsimsiam|fedsimclr|fedca|ifca|cpcfl|cp-cfl"
+        r"|fedprox|scaffold|fedbn|fedema|fedopt|fedadam|fedavgm)\b"
+    )
     offenders = [
         str(path.relative_to(ROOT))
         for path in (ROOT / "fedkit").rglob("*.py")

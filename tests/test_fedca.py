@@ -5,22 +5,24 @@ privacy warnings."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import prepared, spied, tiny_recipe
+from conftest import client_context, kept_model, prepared, spied, tiny_recipe
 from torch import nn
 from typer.testing import CliRunner
 
+from fedkit import checkpoint
+from fedkit.checkpoint import saved_part
 from fedkit.cli import app
-from fedkit.data.datasets import ImageSet
 from fedkit.engine import run_round
 from fedkit.errors import RecipeError
 from fedkit.ledger import tensor_bytes
 from fedkit.plugins import describe, discover
 from fedkit_plugins.fedca import (
     DICTIONARY,
+    PUBLIC_FEATURES,
+    PUBLIC_IMAGES,
     FedCA,
     FedCAOptions,
     alignment_loss,
@@ -58,12 +60,12 @@ def two_rounds():
 def test_upload_holds_normalised_features_of_every_local_sample(two_rounds):
     run, spy, _ = two_rounds
     for upload in spy.uploads[2]:
-        client = run.clients[upload.client]
+        client = run.executor.clients[upload.client]
         feats = upload.tensors[DICTIONARY]
-        assert feats.shape == (client.num_samples, DIM) and feats.dtype == torch.float32
+        assert feats.shape == (len(client.train), DIM) and feats.dtype == torch.float32
         assert torch.allclose(feats.norm(dim=1), torch.ones(len(feats)), atol=1e-5)
         model = run.server.model(0).cpu()
-        model.load_state_dict(run.store.get(client.id))
+        model.load_state_dict(kept_model(run, client.id))
         assert torch.equal(feats, encode_dictionary(model, client.train, torch.device("cpu")))
 
 
@@ -72,8 +74,8 @@ def test_ledger_counts_features_as_data_derived_to_the_byte(two_rounds):
     model_bytes = tensor_bytes(run.server.pool[0][k] for k in run.server.model_keys)
     for upload in spy.uploads[2]:
         row = run.server.ledger.rows[(2, upload.client)]
-        assert row["up_data"] == run.clients[upload.client].num_samples * DIM * 4
-        assert row["up_model"] == model_bytes
+        assert row["up_data"] == len(run.executor.clients[upload.client].train) * DIM * 4
+        assert row["up_model"] == model_bytes and row["up_aux"] == 0
         assert set(upload.tensors) == run.server.model_keys | {DICTIONARY}
 
 
@@ -86,22 +88,31 @@ def test_the_global_dictionary_is_every_upload_and_goes_down_next_round(two_roun
     run, spy, _ = two_rounds
     bank = run.server.pool[0][DICTIONARY]
     assert same_rows(bank, torch.cat([u.tensors[DICTIONARY] for u in spy.uploads[2]]))
-    assert all(spy.received[(1, c.id)].get(DICTIONARY) is None for c in run.clients)
+    clients = sorted(run.executor.clients)
+    assert all(spy.received[(1, cid)].get(DICTIONARY) is None for cid in clients)
     sent = spy.received[(2, 0)][DICTIONARY]
     assert same_rows(sent, torch.cat([u.tensors[DICTIONARY] for u in spy.uploads[1]]))
-    for c in run.clients:
-        assert torch.equal(spy.received[(2, c.id)][DICTIONARY], sent)
-        assert run.server.ledger.rows[(2, c.id)]["down_data"] == len(sent) * DIM * 4
+    for cid in clients:
+        assert torch.equal(spy.received[(2, cid)][DICTIONARY], sent)
+        assert run.server.ledger.rows[(2, cid)]["down_data"] == len(sent) * DIM * 4
 
 
 def test_public_data_and_base_model_stay_on_the_server(two_rounds):
     run, spy, _ = two_rounds
     assert set(run.server.template) == {"encoder", "projector"}
-    public = len(run.server.data.server)
-    plugin = run.plugins.objects["fedca"]
-    once = public * 3 * 16 * 16 + tensor_bytes([plugin.base_features])
-    for c in run.clients:
-        assert run.server.ledger.rows[(1, c.id)]["down_data"] == once
+    public = run.server.data.train.subset(run.server.data.server)
+    base = run.server.tensors["fedca_base/features"]  # kept by the core (server.once)
+    assert set(run.server.tensors) == {"fedca_base/features"} and len(base) == len(public)
+    once = len(public) * 3 * 16 * 16 + tensor_bytes([base])
+    for cid in sorted(run.executor.clients):
+        # sent once, on the first participation, and kept by the client
+        first, second = spy.received[(1, cid)], spy.received[(2, cid)]
+        assert set(first) - run.server.model_keys == {PUBLIC_IMAGES, PUBLIC_FEATURES}
+        assert torch.equal(first[PUBLIC_IMAGES], public.images)
+        assert torch.equal(first[PUBLIC_FEATURES], base)
+        assert not {PUBLIC_IMAGES, PUBLIC_FEATURES} & set(second)
+        assert set(run.executor.store.get(cid).tensors) == {PUBLIC_IMAGES, PUBLIC_FEATURES}
+        assert run.server.ledger.rows[(1, cid)]["down_data"] == once
     for ups in spy.uploads.values():
         for u in ups:
             assert not any("public" in k or "base" in k for k in u.tensors)
@@ -147,9 +158,15 @@ V1 = [[1.0, 0.0], [0.0, 1.0]]
 V2 = [[1.0, 1.0], [0.5, 1.0]]
 
 
-def client_with(dictionary):
+def client_with(dictionary, **tensors):
+    """A client context that received ``dictionary`` (if any) and keeps ``tensors``."""
     received = {} if dictionary is None else {DICTIONARY: torch.tensor(dictionary)}
-    return SimpleNamespace(received=received, rng=torch.Generator().manual_seed(0))
+    return client_context(fedca_recipe(), received=received, tensors=tensors)
+
+
+def local_loss(plugin: FedCA, ctx, model: nn.ModuleDict, v1, v2) -> torch.Tensor:
+    """The plugin's objective on one batch of two views (as the core fit loop computes it)."""
+    return plugin.local_objective(ctx, model).loss(model, (v1, v2))
 
 
 def test_local_loss_uses_the_received_dictionary_as_hand_computed():
@@ -157,7 +174,7 @@ def test_local_loss_uses_the_received_dictionary_as_hand_computed():
     v1, v2 = torch.tensor(V1), torch.tensor(V2)
     losses = {}
     for name, dictionary in [("none", None), ("d1", [[-1.0, 0.0]]), ("d2", [[3.0, 1.0], [0, -2]])]:
-        loss = plugin.objective(client_with(dictionary))(linear_model(), v1, v2)
+        loss = local_loss(plugin, client_with(dictionary), linear_model(), v1, v2)
         expected = hand_nt_xent(V1 + V2, dictionary or [], 0.5)
         assert loss.item() == pytest.approx(expected, rel=1e-6)
         losses[name] = loss.item()
@@ -166,9 +183,8 @@ def test_local_loss_uses_the_received_dictionary_as_hand_computed():
 
 def test_dictionary_off_ignores_what_was_received():
     plugin = FedCA(FedCAOptions(temperature=0.5, alignment=False, dictionary=False))
-    loss = plugin.objective(client_with([[-1.0, 0.0]]))(
-        linear_model(), torch.tensor(V1), torch.tensor(V2)
-    )
+    ctx = client_with([[-1.0, 0.0]])
+    loss = local_loss(plugin, ctx, linear_model(), torch.tensor(V1), torch.tensor(V2))
     assert loss.item() == pytest.approx(hand_nt_xent(V1 + V2, [], 0.5), rel=1e-6)
 
 
@@ -184,29 +200,40 @@ def test_alignment_loss_is_the_mean_squared_distance_to_the_base_features():
 def test_local_loss_adds_weighted_alignment_on_public_images():
     plugin = FedCA(FedCAOptions(temperature=0.5, align_weight=0.25, public_batch=8))
     pixels = torch.tensor([[255, 0, 0], [0, 255, 255]], dtype=torch.uint8)
-    plugin.public = ImageSet(
-        pixels.view(2, 3, 1, 1), torch.tensor([-1, -1]), [], (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    # what the client kept from its first download; normalised with mean 0, std 1
+    ctx = client_with(
+        [[0.0, 0.0, 1.0]],
+        **{
+            PUBLIC_IMAGES: pixels.view(2, 3, 1, 1),
+            PUBLIC_FEATURES: torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]),
+        },
     )
-    plugin.base_features = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     v1 = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]).view(2, 3, 1, 1)
     v2 = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]]).view(2, 3, 1, 1)
-    loss = plugin.objective(client_with([[0.0, 0.0, 1.0]]))(linear_model(), v1, v2)
+    model = linear_model()
+    contrastive = local_loss(plugin, ctx, model, v1, v2)
+    terms = plugin.loss_terms(ctx, model, (v1, v2))
+    assert set(terms) == {"align"}  # logged as loss_align
     align = (0 + 1 + 0) + (0 + 1 + 1)
-    expected = (
-        hand_nt_xent(v1.view(2, 3).tolist() + v2.view(2, 3).tolist(), [[0.0, 0.0, 1.0]], 0.5)
-        + 0.25 * align / 2
-    )
-    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    nt_xent = hand_nt_xent(v1.view(2, 3).tolist() + v2.view(2, 3).tolist(), [[0.0, 0.0, 1.0]], 0.5)
+    assert contrastive.item() == pytest.approx(nt_xent, rel=1e-6)
+    assert terms["align"].item() == pytest.approx(0.25 * align / 2, rel=1e-6)
+    total = contrastive + sum(terms.values())  # what the core fit loop minimises
+    assert total.item() == pytest.approx(nt_xent + 0.25 * align / 2, rel=1e-6)
+    off = FedCA(FedCAOptions(temperature=0.5, alignment=False))
+    assert not off.loss_terms(ctx, model, (v1, v2))
 
 
 def test_alignment_needs_a_public_split():
     with pytest.raises(RecipeError, match="server_fraction"):
         prepared(fedca_recipe(server_fraction=0.0))
     run = prepared(fedca_recipe(server_fraction=0.0, alignment=False))
-    assert run.plugins.objects["fedca"].public is None
+    assert run.server.tensors == {}  # no base model trained
+    assert run.plugins.claims("downlink", server=run.server, client=run.server.roster[0]) == {}
 
 
-def test_plugins_lists_fedca_as_uploading_data_derived_tensors():
+def test_plugins_lists_fedca_as_uploading_data_derived_tensors(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # one line per plugin
     assert describe(discover()["fedca"]).uploads_data_derived
     result = CliRunner().invoke(app, ["plugins"], terminal_width=200)
     line = next(ln for ln in result.output.splitlines() if "fedca" in ln)
@@ -215,14 +242,17 @@ def test_plugins_lists_fedca_as_uploading_data_derived_tensors():
     assert "yes" not in fedsimclr
 
 
-def test_run_warns_and_saves_the_base_encoder(write_recipe, tmp_path):
+def test_run_warns_and_keeps_the_base_features_in_its_checkpoint(write_recipe, tmp_path):
     out = tmp_path / "run"
     raw = fedca_recipe(rounds=1)
     raw["data"]["max_train"] = 60
     result = CliRunner().invoke(app, ["run", str(write_recipe(raw)), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "warning" in result.output and "'fedca' uploads data-derived" in result.output
-    assert (out / "fedca-base.safetensors").is_file()
+    kept = saved_part(out, "", "fedca_base", "server")
+    public = checkpoint.read(out).server_state["fedca"]["public_images"]
+    assert set(kept) == {"features"} and len(kept["features"]) == public > 0
+    assert not (out / "fedca-base.safetensors").exists()
 
 
 def test_resume_reuses_the_saved_base_encoder_and_matches(tmp_path, monkeypatch):

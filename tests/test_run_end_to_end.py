@@ -52,7 +52,7 @@ def test_fedavg_ledger_matches_two_t_s(write_recipe, tmp_path):
         per_client[row["client"]] = (
             per_client.get(row["client"], 0) + row["down_model"] + row["up_model"]
         )
-        assert row["down_data"] == row["up_data"] == 0
+        assert row["down_data"] == row["up_data"] == row["down_aux"] == row["up_aux"] == 0
     assert per_client == {0: 2 * 3 * size, 1: 2 * 3 * size, 2: 2 * 3 * size}
 
 

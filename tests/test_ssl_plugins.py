@@ -3,14 +3,16 @@ private, their losses on known inputs, and the single-client baseline."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
-from conftest import prepared, spied, tiny_recipe
+from conftest import kept_model, prepared, spied, tiny_recipe
 from torch import nn
 
 from fedkit.engine import run_round
+from fedkit.evaluation.runner import evaluation_sets, score_encoder
 from fedkit.ledger import tensor_bytes
 from fedkit_plugins._ssl_common import byol_loss_fn
 from fedkit_plugins.fedsimclr import FedSimCLR
@@ -74,7 +76,7 @@ def test_plugins_train_end_to_end_with_knn_monitor(plugins):
 def test_fedbyol_uploads_online_and_predictor_replaces_them_and_keeps_target():
     run, spy = spied(ssl_recipe("fedbyol"))
     rounds(run, 1)
-    kept = {cid: run.store.get(cid) for cid in range(3)}
+    kept = {cid: kept_model(run, cid) for cid in range(3)}
     run_round(run, 2)
     template = run.server.template.state_dict()
     shared = [k for k in template if not k.startswith(TARGET)]
@@ -87,7 +89,7 @@ def test_fedbyol_uploads_online_and_predictor_replaces_them_and_keeps_target():
         first, second = spy.loaded[(1, cid)], spy.loaded[(2, cid)]
         for k in part(first, "encoder.") + part(first, "projector."):
             assert torch.equal(first["target_" + k], first[k])  # first participation: copy
-        assert same(second, run.clients[cid].received, shared)  # online + predictor replaced
+        assert same(second, spy.received[(2, cid)], shared)  # online + predictor replaced
         assert same(second, kept[cid], targets)  # the client's own target, as it left round 1
         assert not same(second, kept[cid], part(second, "encoder."))
 
@@ -95,9 +97,10 @@ def test_fedbyol_uploads_online_and_predictor_replaces_them_and_keeps_target():
 def test_global_model_is_the_weighted_mean_of_the_clients_models():
     run = prepared(ssl_recipe("fedbyol", rounds=1))
     rounds(run, 1)
-    weights = torch.tensor([float(len(c.train)) for c in run.clients])
+    clients = run.executor.clients
+    weights = torch.tensor([float(len(clients[cid].train)) for cid in sorted(clients)])
     for k in ("encoder.conv1.0.weight", "predictor.0.weight"):
-        stacked = torch.stack([run.store.get(c.id)[k] for c in run.clients])
+        stacked = torch.stack([kept_model(run, cid)[k] for cid in sorted(clients)])
         expected = torch.einsum("c,c...->...", weights / weights.sum(), stacked)
         torch.testing.assert_close(run.server.pool[0][k], expected)
 
@@ -108,8 +111,8 @@ def test_fedbyol_target_is_an_ema_of_the_online_network():
     run = prepared(raw)
     before = run.server.template.state_dict()
     rounds(run, 1)
-    after = run.store.get(0)
-    assert len(run.clients[0].train) <= 64  # one optimiser step: one EMA update
+    after = kept_model(run, 0)
+    assert len(run.executor.clients[0].train) <= 64  # one optimiser step: one EMA update
     params = {n for n, _ in run.server.template.named_parameters()}
     for k in part(after, "encoder.") + part(after, "projector."):
         if k in params:
@@ -126,7 +129,7 @@ def test_fedu_ledger_counts_zero_target_bytes():
     assert target_bytes > 0
     for (_, _), row in run.server.ledger.rows.items():
         assert row["up_model"] == shared_bytes
-        assert row["up_data"] == 0
+        assert row["up_aux"] == row["up_data"] == 0
     for ups in spy.uploads.values():
         for up in ups:
             assert not any(k.startswith(TARGET) for k in up.tensors)
@@ -136,7 +139,7 @@ def test_fedu_upload_target_sends_target_values_under_online_keys():
     run, spy = spied(ssl_recipe(("fedu", {"upload": "target"}), rounds=1))
     rounds(run, 1)
     for up in spy.uploads[1]:
-        kept = run.store.get(up.client)
+        kept = kept_model(run, up.client)
         for k in part(kept, "encoder.") + part(kept, "projector."):
             assert torch.equal(up.tensors[k], kept["target_" + k])
         assert not any(k.startswith(TARGET) for k in up.tensors)
@@ -146,11 +149,11 @@ def test_fedu_upload_target_sends_target_values_under_online_keys():
 def test_fedu_update_modes_replace_what_they_name(update):
     run, spy = spied(ssl_recipe(("fedu", {"update": update})))
     rounds(run, 1)
-    kept = {cid: run.store.get(cid) for cid in range(3)}
+    kept = {cid: kept_model(run, cid) for cid in range(3)}
     rounds_2 = run_round(run, 2)
     assert math.isfinite(rounds_2["train_loss"])
     for cid in range(3):
-        loaded, got = spy.loaded[(2, cid)], run.clients[cid].received
+        loaded, got = spy.loaded[(2, cid)], spy.received[(2, cid)]
         online = part(loaded, "encoder.") + part(loaded, "projector.")
         target_from_global = all(torch.equal(loaded["target_" + k], got[k]) for k in online)
         online_from_global = same(loaded, got, online)
@@ -164,7 +167,7 @@ def test_fedu_update_modes_replace_what_they_name(update):
 def test_fedu_local_predictor_is_private():
     run, spy = spied(ssl_recipe(("fedu", {"predictor": "local"})))
     rounds(run, 1)
-    kept = {cid: run.store.get(cid) for cid in range(3)}
+    kept = {cid: kept_model(run, cid) for cid in range(3)}
     run_round(run, 2)
     assert not part(run.server.pool[0], "predictor.")
     for up in spy.uploads[1]:
@@ -188,7 +191,7 @@ def test_simsiam_and_simclr_share_every_part(plugin):
     for up in spy.uploads[1]:
         assert set(up.tensors) == keys
     for cid in range(3):
-        assert same(spy.loaded[(2, cid)], run.clients[cid].received, keys)
+        assert same(spy.loaded[(2, cid)], spy.received[(2, cid)], keys)
 
 
 class _Identity(nn.Module):
@@ -233,22 +236,35 @@ def test_simclr_loss_on_a_known_input_and_temperature_option():
 
 
 def test_single_client_sends_nothing_keeps_its_model_and_scores_clients():
-    raw = ssl_recipe("fedbyol", ("single_client", {"protocol": "knn"}))
+    raw = ssl_recipe(
+        "fedbyol", "single_client", evaluation={"protocol": "knn", "every": 1, "personal": True}
+    )
     run, spy = spied(raw)
     rows = rounds(run, 2)
+    # every key is private: nothing goes up, nothing comes down, the pool holds nothing
+    assert run.server.private == set(run.server.template.state_dict())
     assert all(up.tensors == {} for ups in spy.uploads.values() for up in ups)
-    assert all(r["bytes"]["up_model"] == 0 for r in rows)
-    template = run.server.template.state_dict()
-    assert same(run.server.pool[0], template, run.server.pool[0])
-    scores = rows[-1]["client_knn_accuracy"]
-    assert len(scores) == 3
-    assert rows[-1]["knn_accuracy"] == pytest.approx(sum(scores) / 3)
+    assert all(r["bytes"]["total"] == 0 for r in rows)
+    assert run.server.ledger.totals()["total"] == 0
+    assert run.server.pool == [{}]
+    for row in rows:
+        scores = row["client_knn_accuracy"]
+        assert set(scores) == {"0", "1", "2"}
+        assert row["personal_knn_accuracy"] == pytest.approx(sum(scores.values()) / 3)
+        assert 0.0 <= row["knn_accuracy"] <= 1.0  # cluster 0's (untrained) encoder
+    # a client's score is its own encoder's, as it left its last round
+    model = copy.deepcopy(run.server.template)
+    model.load_state_dict(kept_model(run, 1))
+    train, test = evaluation_sets(run.server)
+    cfg, seed = run.recipe.evaluation, run.recipe.seed
+    own = score_encoder(model["encoder"], train, test, "knn", cfg, seed, run.server.device)
+    assert rows[-1]["client_knn_accuracy"]["1"] == own["knn_accuracy"]
 
 
 def test_single_client_round_two_starts_from_its_own_round_one_model():
     run, spy = spied(ssl_recipe("fedsimsiam", "single_client"))
     rounds(run, 1)
-    kept = {cid: run.store.get(cid) for cid in range(3)}
+    kept = {cid: kept_model(run, cid) for cid in range(3)}
     run_round(run, 2)
     for cid in range(3):
         assert same(spy.loaded[(2, cid)], kept[cid], kept[cid])

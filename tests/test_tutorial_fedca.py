@@ -15,6 +15,8 @@ import yaml
 from test_tutorials_ssl import shrunk
 from tutorials import run_tutorial
 
+from fedkit.checkpoint import saved_part
+
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "tutorials" / "fedca.md"
 
 
@@ -25,7 +27,8 @@ def test_fedca_tutorial_runs_and_its_ledger_shows_the_uploaded_features(tmp_path
     assert "yes" in next(ln for ln in outputs["plugins"].splitlines() if "fedca" in ln)
     assert "'fedca' uploads data-derived" in outputs["run"]
     run = tmp_path / "runs" / "fedca-small"
-    assert (run / "fedca-base.safetensors").is_file()
+    # the base encoder's features are kept by the core in the run's checkpoint
+    assert set(saved_part(run, "", "fedca_base", "server")) == {"features"}
 
     printed = io.StringIO()
     for block in re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S):

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from tutorials import run_tutorial, with_settings
 
+from fedkit.rundir import read_metrics
+
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = ["fedu.md", "dapu.md", "fedsimclr.md", "fedbyol-fedsimsiam.md"]
 TINY = [
@@ -41,4 +43,11 @@ def shrunk(args: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("page", TUTORIALS)
 def test_tutorial_commands_run(page, tmp_path, monkeypatch):
-    run_tutorial(ROOT / "docs" / "tutorials" / page, shrunk, tmp_path, monkeypatch)
+    done = run_tutorial(ROOT / "docs" / "tutorials" / page, shrunk, tmp_path, monkeypatch)
+    for args, _ in done:
+        if args[0] == "run" and any("single_client" in a for a in args):
+            # the single-client baseline scores each client's own encoder
+            final = read_metrics(Path(args[args.index("--out") + 1]))[-1]
+            scores = final["client_linear_accuracy"]
+            assert set(scores) == {"0", "1", "2"}
+            assert final["personal_linear_accuracy"] == pytest.approx(sum(scores.values()) / 3)

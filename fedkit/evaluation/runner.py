@@ -3,7 +3,7 @@
 Evaluation is a measurement, not part of the federated protocol, so it may look at every
 client: ``Population`` (what an executor holds: each client's data and memory) gives it
 each client's *personal* model, which is its cluster's current state with the client's
-own values of the private keys (a FedBN client's normalisation layers, a local
+own values of the private keys (normalisation layers kept local, a local
 predictor). Supervised runs report the mean accuracy of those personal models on each
 client's local test set; representation protocols score cluster 0's encoder and, with
 ``evaluation.personal``, every trained client's own encoder.

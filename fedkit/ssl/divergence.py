@@ -3,7 +3,8 @@ the Frobenius norm of the difference between two states.
 
 Layers are the keys under ``encoder.`` whose name contains "conv" and "weight" and whose
 tensor is 4-D, so BatchNorm weights inside a ``conv`` block and 1×1 shortcut convs named
-``downsample`` are left out (the convention of the FedU/FedEMA reference code).
+``downsample`` are left out (the convention of the federated SSL reference code in
+EasyFL's ``applications/fedssl``).
 """
 
 from __future__ import annotations

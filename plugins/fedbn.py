@@ -1,0 +1,34 @@
+"""FedBN (Li et al., ICLR 2021): normalisation layers stay on each client.
+
+Every key of the model's batch-normalisation layers (weights, biases, running statistics)
+is declared private: it is not in the server's pool, never sent down, never uploaded and
+never counted by the ledger; each client keeps its own, and personalised evaluation uses
+them. Everything else is averaged as usual. ``layers: all`` also keeps group, layer and
+instance normalisation local.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from fedkit import PluginOptions, hookimpl
+from fedkit.keys import NORM_LAYERS, norm_keys
+from fedkit.recipe import Recipe
+
+
+class FedBN:
+    """FedBN: normalisation layers private to each client, the rest averaged."""
+
+    class Options(PluginOptions):
+        layers: Literal["batch", "all"] = "batch"
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    @hookimpl
+    def private_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+        kinds = (_BatchNorm,) if self.options.layers == "batch" else NORM_LAYERS
+        return norm_keys(model, kinds)

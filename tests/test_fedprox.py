@@ -1,0 +1,79 @@
+"""FedProx: the proximal term's value, μ = 0 reducing to the method alone bit for bit,
+μ > 0 changing training, and the same plugin composing with SSL methods."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import prepared, tiny_recipe
+from test_ssl_plugins import ssl_recipe
+from torch import nn
+
+from fedkit.client import ClientContext, ClientData, ClientMemory, ModelKeys
+from fedkit.engine import run_round
+from fedkit.recipe import validate
+from fedkit_plugins.fedprox import FedProx
+
+SGD = {"optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.0}}
+
+
+def rows_and_pool(raw, rounds=2):
+    run = prepared(raw)
+    rows = [run_round(run, r) for r in range(1, rounds + 1)]
+    return rows, run.server.pool[0]
+
+
+def test_term_is_half_mu_times_squared_distance_to_the_global_parameters():
+    model = nn.ModuleDict({"lin": nn.Linear(3, 2)})
+    state = model.state_dict()
+    received = {k: v + 0.5 for k, v in state.items()}  # every entry 0.5 away
+    data = ClientData(0, None, None)  # the term needs no data
+    ctx = ClientContext(
+        data,
+        ClientMemory(),
+        recipe=validate(tiny_recipe()),
+        round=1,
+        device=torch.device("cpu"),
+        rng=torch.Generator(),
+        keys=ModelKeys(frozenset(state), frozenset(state), frozenset()),
+        received=received,
+    )
+    term = FedProx(FedProx.Options(mu=0.3)).loss_terms(ctx, model, batch=None)["prox"]
+    assert term.item() == pytest.approx(0.5 * 0.3 * 8 * 0.25)  # 8 entries, (0.5)² each
+    term.backward()
+    assert torch.allclose(model["lin"].weight.grad, torch.full((2, 3), -0.3 * 0.5))
+
+
+def test_mu_zero_equals_fedavg_bitwise_and_mu_positive_differs():
+    base = tiny_recipe(federation=SGD)
+    plain, pool = rows_and_pool(base)
+    zero, pool0 = rows_and_pool({**base, "plugins": ["fedavg", {"fedprox": {"mu": 0.0}}]})
+    some, pool1 = rows_and_pool({**base, "plugins": ["fedavg", {"fedprox": {"mu": 1.0}}]})
+    for a, b in zip(plain, zero, strict=True):
+        assert {k: b[k] for k in a if k != "per_client"} == {
+            k: v for k, v in a.items() if k != "per_client"
+        }
+        assert b["train_loss_prox"] == 0.0
+    assert all(torch.equal(pool[k], pool0[k]) for k in pool)
+    assert some[-1]["train_loss_prox"] > 0
+    assert not torch.equal(pool["classifier.weight"], pool1["classifier.weight"])
+
+
+@pytest.mark.parametrize("method", ["fedbyol", "fedsimclr"])
+def test_composes_unchanged_with_ssl_methods(method):
+    plain, pool = rows_and_pool(ssl_recipe(method))
+    zero, pool0 = rows_and_pool(ssl_recipe(method, ("fedprox", {"mu": 0.0})))
+    some, pool1 = rows_and_pool(ssl_recipe(method, ("fedprox", {"mu": 10.0})))
+    assert [r["train_loss"] for r in plain] == [r["train_loss"] for r in zero]
+    assert all(torch.equal(pool[k], pool0[k]) for k in pool)
+    assert some[-1]["train_loss_prox"] > 0
+    assert not torch.equal(pool["encoder.conv1.0.weight"], pool1["encoder.conv1.0.weight"])
+    # a strong pull towards the global model keeps the clients closer to it
+    drift = {
+        name: (p["encoder.conv1.0.weight"] - start).norm()
+        for name, p, start in (
+            ("plain", pool, prepared(ssl_recipe(method)).server.pool[0]["encoder.conv1.0.weight"]),
+            ("prox", pool1, prepared(ssl_recipe(method)).server.pool[0]["encoder.conv1.0.weight"]),
+        )
+    }
+    assert drift["prox"] < drift["plain"]

@@ -1,0 +1,194 @@
+"""SCAFFOLD: on a quadratic problem where FedAvg drifts, SCAFFOLD reaches the optimum and
+FedAvg settles at its own (computable) fixed point; control variates are auxiliary in
+the ledger, follow option II, and survive kill -9 and --resume bit for bit.
+
+The problem: two equally large clients with f_k(w) = ½(w − b_k)ᵀA_k(w − b_k) on w ∈ R²,
+A_0 = diag(1, 0.1), A_1 = diag(0.1, 1), b_0 = (1, 0), b_1 = (0, 1), K = 20 full-batch
+gradient steps at η = 0.1 per round. The global optimum is w* = (A_0 + A_1)⁻¹(A_0b_0 +
+A_1b_1) = (10/11, 10/11). With M_k = (I − ηA_k)^K a client maps w to b_k + M_k(w − b_k),
+so FedAvg converges to the w solving (I − M̄)w = mean_k (I − M_k)b_k ≈ (0.828, 0.828).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+from conftest import prepared, spied, tiny_recipe
+from safetensors.torch import load_file
+from torch import nn
+
+from fedkit import hookimpl
+from fedkit.engine import run_round
+from fedkit.fit import Objective
+from fedkit.rundir import read_metrics
+from fedkit_plugins.scaffold import DELTA, GLOBAL, OWN
+
+A = {0: torch.diag(torch.tensor([1.0, 0.1])), 1: torch.diag(torch.tensor([0.1, 1.0]))}
+B = {0: torch.tensor([1.0, 0.0]), 1: torch.tensor([0.0, 1.0])}
+STEPS, LR, ROUNDS, TARGET = 20, 0.1, 30, 0.01
+
+
+class Vector(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(2))
+
+
+class Quadratic:
+    """Model w ∈ R²; client k takes STEPS gradient steps on its quadratic per round."""
+
+    @hookimpl
+    def init_models(self, server):
+        return [nn.ModuleDict({"w": Vector()})]
+
+    @hookimpl
+    def local_objective(self, ctx, model):
+        a, b = A[ctx.id], B[ctx.id]
+
+        def loss(model, batch):
+            e = model["w"].weight - b
+            return 0.5 * e @ a @ e
+
+        return Objective(loss, lambda: [(torch.zeros(1),)] * STEPS)
+
+
+def quadratic_recipe(*plugins, rounds: int = ROUNDS):
+    return tiny_recipe(
+        plugins=["quad", *plugins],
+        data={"partition": {"name": "iid"}, "num_clients": 2, "max_train": 200},
+        federation={
+            "rounds": rounds,
+            "clients_per_round": 2,
+            "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.0},
+        },
+        evaluation={"protocol": "none", "every": 0},
+    )
+
+
+def optimum_and_fedavg_fixed_point() -> tuple[torch.Tensor, torch.Tensor]:
+    eye = torch.eye(2)
+    w_star = torch.linalg.solve(A[0] + A[1], A[0] @ B[0] + A[1] @ B[1])
+    m = {k: torch.matrix_power(eye - LR * A[k], STEPS) for k in A}
+    lhs = eye - (m[0] + m[1]) / 2
+    rhs = ((eye - m[0]) @ B[0] + (eye - m[1]) @ B[1]) / 2
+    return w_star, torch.linalg.solve(lhs, rhs)
+
+
+def trajectory(*plugins: str) -> list[torch.Tensor]:
+    run = prepared(quadratic_recipe(*plugins), quad=Quadratic)
+    out = []
+    for r in range(1, ROUNDS + 1):
+        run_round(run, r)
+        out.append(run.server.pool[0]["w.weight"].clone())
+    return out
+
+
+def rounds_to(target: torch.Tensor, path: list[torch.Tensor], tol: float) -> int | None:
+    return next((r for r, w in enumerate(path, 1) if (w - target).norm() < tol), None)
+
+
+def test_scaffold_reaches_the_optimum_where_fedavg_drifts():
+    w_star, w_fedavg = optimum_and_fedavg_fixed_point()
+    assert torch.allclose(w_star, torch.full((2,), 10 / 11))
+    assert (w_fedavg - w_star).norm() > 0.1  # the drift the setup is built to show
+    fedavg, scaffold = trajectory(), trajectory("scaffold")
+    assert (fedavg[-1] - w_fedavg).norm() < 1e-4  # FedAvg settles at its fixed point...
+    assert rounds_to(w_star, fedavg, TARGET) is None  # ...and never gets near w*
+    reached = rounds_to(w_star, scaffold, TARGET)
+    assert reached is not None and reached <= 10
+    assert (scaffold[-1] - w_star).norm() < 1e-4
+
+
+def test_option_two_control_variates_and_ledger_categories():
+    run, spy = spied(quadratic_recipe("scaffold", rounds=2), quad=Quadratic)
+    run_round(run, 1)
+    x0 = torch.zeros(2)
+    for up in spy.uploads[1]:
+        y = up.tensors["w.weight"]
+        # c = c_i = 0 in round 1: c_i⁺ = (x − y)/(K·η) and Δc_i = c_i⁺
+        assert torch.allclose(up.tensors[DELTA + "w.weight"], (x0 - y) / (STEPS * LR))
+        memory = run.executor.store.get(up.client)
+        assert torch.equal(memory.tensors[OWN + "w.weight"], up.tensors[DELTA + "w.weight"])
+    deltas = torch.stack([u.tensors[DELTA + "w.weight"] for u in spy.uploads[1]])
+    c = run.server.pool[0][GLOBAL + "w.weight"]
+    assert torch.allclose(c, deltas.mean(0))  # |S| = N: c = mean of Δc_i
+    assert not any(k.startswith(DELTA) for k in run.server.pool[0])
+    row = run_round(run, 2)
+    vec_bytes = 2 * 4
+    assert row["bytes"]["down_aux"] == 2 * vec_bytes and row["bytes"]["up_aux"] == 2 * vec_bytes
+    assert row["bytes"]["down_data"] == row["bytes"]["up_data"] == 0
+    assert row["bytes"]["up_model"] == 2 * vec_bytes
+
+
+def test_before_step_corrects_gradients_by_c_minus_ci():
+    run = prepared(quadratic_recipe("scaffold", rounds=2), quad=Quadratic)
+    run_round(run, 1)
+    seen = {}
+
+    class FirstGrad:
+        @hookimpl(trylast=True)  # after scaffold's correction
+        def before_step(self, ctx, model, optimizer):
+            seen.setdefault(ctx.id, model["w"].weight.grad.clone())
+
+    run.executor.worker.plugins.pm.register(FirstGrad(), name="first-grad")
+    w, c = run.server.pool[0]["w.weight"], run.server.pool[0][GLOBAL + "w.weight"]
+    own = {cid: run.executor.store.get(cid).tensors[OWN + "w.weight"].clone() for cid in (0, 1)}
+    run_round(run, 2)
+    for cid in (0, 1):
+        plain = A[cid] @ (w - B[cid])  # the first step of round 2 starts at the global w
+        assert torch.allclose(seen[cid], plain + c - own[cid], atol=1e-6)
+        assert not torch.allclose(seen[cid], plain, atol=1e-3)
+
+
+def fedkit_cli(*args, wait=True):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "fedkit", *args]
+    if wait:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def latest(out):
+    try:
+        return json.loads((out / "checkpoints" / "latest.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {"round": 0}
+
+
+def test_control_variates_survive_sigkill_and_resume(write_recipe, tmp_path):
+    raw = tiny_recipe(
+        plugins=["fedavg", "scaffold"],
+        data={"num_clients": 4, "max_train": 200},
+        federation={
+            "rounds": 4,
+            "clients_per_round": 2,
+            "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.0},
+        },
+    )
+    path = write_recipe(raw)
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    assert fedkit_cli("run", str(path), "--out", str(full)).returncode == 0
+    proc = fedkit_cli("run", str(path), "--out", str(killed), wait=False)
+    deadline = time.monotonic() + 240
+    while latest(killed)["round"] < 2:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert latest(killed)["round"] < 4
+    resumed = fedkit_cli("run", "--resume", str(killed))
+    assert resumed.returncode == 0, resumed.stderr
+    assert read_metrics(killed) == read_metrics(full)
+    for name in ("pool", "clients"):
+        a, b = (
+            load_file(out / "checkpoints" / latest(out)["folder"] / f"{name}.safetensors")
+            for out in (full, killed)
+        )
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert any("scaffold.c." in k or "/tensors/c." in k for k in a)

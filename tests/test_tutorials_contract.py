@@ -1,0 +1,96 @@
+"""Executes the tutorials of the contract-v2 plugins (fedprox, scaffold, fedbn, fedopt,
+dp, fedema), shrunk to tiny settings, and checks what each says the run directory shows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+from tutorials import TUTORIALS, run_tutorial, with_settings
+
+from fedkit.rundir import read_metrics
+
+TINY = [
+    "data.dataset=digits",
+    "data.image_size=16",
+    "data.max_train=150",
+    "data.num_clients=3",
+    "federation.clients_per_round=3",
+    "federation.rounds=2",
+    "federation.local_epochs=1",
+    "federation.batch_size=8",
+    "backbone.name=test_resnet",
+    "backbone.cifar_stem=false",
+    "evaluation.linear_epochs=10",
+    "device=cpu",
+]
+
+
+def shrunk(args: list[str]) -> list[str]:
+    fresh = args[0] == "run" and "--resume" not in args
+    return with_settings(args, TINY if fresh else [])
+
+
+def ledger(out: Path) -> list[dict]:
+    return json.loads((out / "ledger.json").read_text())
+
+
+def final_pool(out: Path) -> dict:
+    pointer = json.loads((out / "checkpoints" / "latest.json").read_text())
+    return load_file(out / "checkpoints" / pointer["folder"] / "pool.safetensors")
+
+
+def run_page(page: str, tmp_path: Path, monkeypatch) -> Path:
+    pytest.importorskip("opacus") if page == "dp.md" else None
+    run_tutorial(TUTORIALS / page, shrunk, tmp_path, monkeypatch)
+    return tmp_path / "runs"
+
+
+def test_fedprox_tutorial(tmp_path, monkeypatch):
+    runs = run_page("fedprox.md", tmp_path, monkeypatch)
+    for name in ("fedprox", "fedprox-01", "fedbyol-prox"):
+        assert all(row["train_loss_prox"] > 0 for row in read_metrics(runs / name)[1:])
+    assert "train_loss_prox" not in read_metrics(runs / "fedavg-skew")[0]
+
+
+def test_scaffold_tutorial(tmp_path, monkeypatch):
+    runs = run_page("scaffold.md", tmp_path, monkeypatch)
+    pool = final_pool(runs / "scaffold")
+    variates = sum(
+        v.numel() * v.element_size() for k, v in pool.items() if k.startswith("0/scaffold.c.")
+    )
+    assert 0 < variates < sum(v.numel() * v.element_size() for v in pool.values())
+    for row in ledger(runs / "scaffold"):
+        assert row["up_aux"] == variates and row["up_data"] == 0
+        assert row["down_aux"] == (variates if row["round"] > 1 else 0)
+
+
+def test_fedbn_tutorial(tmp_path, monkeypatch):
+    runs = run_page("fedbn.md", tmp_path, monkeypatch)
+    pool = final_pool(runs / "fedbn")
+    assert not any("bn" in k for k in pool)
+    shared = sum(v.numel() * v.element_size() for v in pool.values())
+    assert all(r["up_model"] == r["down_model"] == shared for r in ledger(runs / "fedbn"))
+
+
+def test_fedopt_tutorial(tmp_path, monkeypatch):
+    runs = run_page("fedopt.md", tmp_path, monkeypatch)
+    for name in ("fedadam", "fedavgm"):
+        assert [r["round"] for r in read_metrics(runs / name)] == [1, 2]
+
+
+def test_dp_tutorial(tmp_path, monkeypatch):
+    runs = run_page("dp.md", tmp_path, monkeypatch)
+    eps = [row["dp_epsilon"] for row in read_metrics(runs / "dp")]
+    assert eps[0] < eps[1]
+    assert read_metrics(runs / "dp-05")[-1]["dp_epsilon"] < eps[-1]
+    assert "dp_epsilon" not in read_metrics(runs / "no-dp")[-1]
+
+
+def test_fedema_tutorial(tmp_path, monkeypatch):
+    runs = run_page("fedema.md", tmp_path, monkeypatch)
+    rows = read_metrics(runs / "fedema-small")
+    assert rows[-1]["train_fedema_mu"] == pytest.approx(0.8)
+    assert all(r["train_fedema_divergence"] > 0 for r in rows)
