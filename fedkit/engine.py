@@ -115,23 +115,17 @@ def default_sample(recipe: Recipe, round: int) -> list[int]:
 
 def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> dict[str, Any]:
     """One federated round; returns its metrics row."""
-    server, plugins, seed = run.server, run.plugins, run.recipe.seed
+    server, plugins = run.server, run.plugins
     server.round = round
     sampled = checked_sample(run, plugins.call("sample_clients", server=server, round=round))
     reporter.round_started(round, sampled)
-    offers = read_only(server.pool)
-    jobs = []
-    for cid in sampled:
-        extra = plugins.claims("downlink", server=server, client=server.roster[cid])
-        server.ledger.record(round, cid, "down", extra)
-        jobs.append(ClientJob(round, cid, derive(seed, "client", round, cid), offers, extra))
     results: list[ClientResult] = []
-    for result in run.executor.run(jobs):
+    for result in run.executor.run(jobs(run, sampled)):
         receive(server, result)
         results.append(result)
         reporter.client_done(round, result.client)
     results.sort(key=lambda r: r.client)
-    seed_everything(derive(seed, "server", round))
+    seed_everything(derive(run.recipe.seed, "server", round))
     uploads: dict[int, list[Upload]] = defaultdict(list)
     for r in results:
         uploads[r.cluster].append(Upload(r.client, r.weight, r.upload))
@@ -144,6 +138,21 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     metrics.update(evaluate_round(server, run.executor, plugins, round))
     reporter.round_done(round, metrics)
     return metrics
+
+
+def jobs(run: Run, sampled: list[int]) -> list[ClientJob]:
+    """One job per sampled client: its seed, the pool it may fetch, its ``downlink``
+    tensors (booked in the ledger as they are sent)."""
+    server, round = run.server, run.server.round
+    offers = read_only(server.pool)
+    out = []
+    for cid in sampled:
+        extra = run.plugins.claims("downlink", server=server, client=server.roster[cid])
+        server.ledger.record(round, cid, "down", extra)
+        out.append(
+            ClientJob(round, cid, derive(run.recipe.seed, "client", round, cid), offers, extra)
+        )
+    return out
 
 
 def checked_sample(run: Run, sampled: list[int] | None) -> list[int]:

@@ -20,6 +20,7 @@ fedkit[dp]``).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -42,7 +43,9 @@ def accountant_epsilon(noise_multiplier: float, sample_rate: float, steps: int, 
 
     accountant = RDPAccountant()
     accountant.history = [(noise_multiplier, sample_rate, steps)]
-    return float(accountant.get_epsilon(delta=delta))
+    with warnings.catch_warnings():  # "optimal order is the smallest alpha": huge ε anyway
+        warnings.simplefilter("ignore", UserWarning)
+        return float(accountant.get_epsilon(delta=delta))
 
 
 def clipped(update: dict[str, Tensor], clip: float) -> tuple[dict[str, Tensor], float]:

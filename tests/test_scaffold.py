@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import torch
 from conftest import prepared, spied, tiny_recipe
 from safetensors.torch import load_file
+from test_resume import checkpoint_round, fedkit
 from torch import nn
 
 from fedkit import hookimpl
@@ -146,19 +145,9 @@ def test_before_step_corrects_gradients_by_c_minus_ci():
         assert not torch.allclose(seen[cid], plain, atol=1e-3)
 
 
-def fedkit_cli(*args, wait=True):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "fedkit", *args]
-    if wait:
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def latest(out):
-    try:
-        return json.loads((out / "checkpoints" / "latest.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {"round": 0}
+def checkpoint_file(out, name: str) -> dict[str, torch.Tensor]:
+    pointer = json.loads((out / "checkpoints" / "latest.json").read_text())
+    return load_file(out / "checkpoints" / pointer["folder"] / f"{name}.safetensors")
 
 
 def test_control_variates_survive_sigkill_and_resume(write_recipe, tmp_path):
@@ -173,22 +162,19 @@ def test_control_variates_survive_sigkill_and_resume(write_recipe, tmp_path):
     )
     path = write_recipe(raw)
     full, killed = tmp_path / "full", tmp_path / "killed"
-    assert fedkit_cli("run", str(path), "--out", str(full)).returncode == 0
-    proc = fedkit_cli("run", str(path), "--out", str(killed), wait=False)
+    assert fedkit("run", str(path), "--out", str(full)).returncode == 0
+    proc = fedkit("run", str(path), "--out", str(killed), wait=False)
     deadline = time.monotonic() + 240
-    while latest(killed)["round"] < 2:
+    while checkpoint_round(killed) < 2:
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert latest(killed)["round"] < 4
-    resumed = fedkit_cli("run", "--resume", str(killed))
+    assert checkpoint_round(killed) < 4
+    resumed = fedkit("run", "--resume", str(killed))
     assert resumed.returncode == 0, resumed.stderr
     assert read_metrics(killed) == read_metrics(full)
     for name in ("pool", "clients"):
-        a, b = (
-            load_file(out / "checkpoints" / latest(out)["folder"] / f"{name}.safetensors")
-            for out in (full, killed)
-        )
+        a, b = checkpoint_file(full, name), checkpoint_file(killed, name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
         assert any("scaffold.c." in k or "/tensors/c." in k for k in a)

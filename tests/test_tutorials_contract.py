@@ -85,7 +85,7 @@ def test_dp_tutorial(tmp_path, monkeypatch):
     runs = run_page("dp.md", tmp_path, monkeypatch)
     eps = [row["dp_epsilon"] for row in read_metrics(runs / "dp")]
     assert eps[0] < eps[1]
-    assert read_metrics(runs / "dp-05")[-1]["dp_epsilon"] < eps[-1]
+    assert read_metrics(runs / "dp-1")[-1]["dp_epsilon"] < eps[-1]
     assert "dp_epsilon" not in read_metrics(runs / "no-dp")[-1]
 
 

@@ -6,7 +6,7 @@ at the end of training (never the best epoch on the test set).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedkit.evaluation.features import extract_features, module_device, prepare_images
+from fedkit.fit import Objective, run_loop
 from fedkit.ssl.augment import TwoViewAugment
 
 
@@ -56,6 +57,10 @@ def knn_accuracy(
     return correct / test.shape[0]
 
 
+def _cross_entropy(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+    return F.cross_entropy(model(batch[0]), batch[1])
+
+
 def _seeded_linear(in_dim: int, out_dim: int, seed: int) -> nn.Linear:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -86,14 +91,14 @@ def linear_probe(
     clf = _seeded_linear(xtr.shape[1], num_classes, seed).to(dev)
     opt = torch.optim.Adam(clf.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
+
+    def epoch() -> Iterator[tuple[Tensor, Tensor]]:
         perm = torch.randperm(xtr.shape[0], generator=g).to(dev)
         for start in range(0, xtr.shape[0], batch_size):
             idx = perm[start : start + batch_size]
-            loss = F.cross_entropy(clf(xtr[idx]), ytr[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            yield xtr[idx], ytr[idx]
+
+    run_loop(clf, Objective(_cross_entropy, epoch), opt, epochs)
     with torch.no_grad():
         return (clf(xte).argmax(dim=1) == yte).float().mean().item()
 
@@ -174,9 +179,9 @@ def semi_supervised(
         c_std = std if std is not None else (1.0, 1.0, 1.0)
         size = tuple(x_lab.shape[-2:])
         aug = TwoViewAugment(size, c_mean, c_std, jitter_p=0.0, gray_p=0.0)
-    net.train()
     n = x_lab.shape[0]
-    for _ in range(epochs):
+
+    def epoch() -> Iterator[tuple[Tensor, Tensor]]:
         perm = torch.randperm(n, generator=g)
         for start in range(0, n, batch_size):
             bidx = perm[start : start + batch_size]
@@ -184,9 +189,8 @@ def semi_supervised(
                 continue
             xb = x_lab[bidx].to(dev)
             xb = aug.augment_one(xb, g) if aug is not None else prepare_images(xb, mean, std)
-            loss = F.cross_entropy(net(xb), y_lab[bidx].to(dev))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            yield xb, y_lab[bidx].to(dev)
+
+    run_loop(net, Objective(_cross_entropy, epoch), opt, epochs)
     logits = extract_features(net, test_images, eval_batch_size, dev, mean=mean, std=std)
     return (logits.argmax(dim=1) == _as_long(test_labels)).float().mean().item()

@@ -10,20 +10,21 @@ BYOL/SimSiam projector 512 → BN → ReLU → 512 → BN, predictor 512 → 64 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from fedkit import fit
 from fedkit.data.datasets import ImageSet
 from fedkit.models.backbones import feature_dim
 from fedkit.models.heads import mlp
 from fedkit.ssl.augment import TwoViewAugment
 from fedkit.ssl.ema import ema_update
+from fedkit.ssl.local import two_view_batches
 from fedkit.ssl.losses import byol_symmetric, nt_xent, simsiam_symmetric
-from fedkit.training import batches
 
 Objective = Literal["simclr", "byol", "simsiam"]
 
@@ -116,20 +117,14 @@ def pretrain_encoder(
     augment = TwoViewAugment(size, data.mean, data.std, scale=cfg.crop_scale, jitter=cfg.jitter)
     params = [*encoder.parameters(), *heads.parameters()]
     optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    history = []
-    for _ in range(cfg.epochs):
-        total, count = 0.0, 0
-        for x, _ in batches(data, cfg.batch_size, generator=generator, drop_last=True):
-            if len(x) < 2:
-                continue
-            v1, v2 = augment(x.to(device), generator)
-            loss = loss_fn(v1, v2)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            after_step()
-            total += loss.item() * len(x)
-            count += len(x)
-        history.append(total / max(count, 1))
+
+    def epoch() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return two_view_batches(
+            data, cfg.batch_size, augment, generator=generator, device=device, drop_last=True
+        )
+
+    objective = fit.Objective(lambda _, batch: loss_fn(*batch), epoch, after_step=after_step)
+    model = nn.ModuleDict({"encoder": encoder, **heads})
+    result = fit.run_loop(model, objective, optimizer, cfg.epochs)
     encoder.eval()
-    return history
+    return [e["loss"] for e in result.epochs]
