@@ -1,10 +1,15 @@
-"""Checkpoints: safetensors for tensors, a JSON sidecar for everything else.
+"""Checkpoints: safetensors for tensors, a JSON sidecar for everything else, written in
+O(what changed).
 
-Each checkpoint is a fresh folder ``checkpoints/round-NNNN``; once all its files are
-written, ``checkpoints/latest.json`` is replaced atomically to point at it and older
-folders are removed. A run killed at any moment leaves a complete checkpoint behind.
-Round 0 is written right after initialisation, so work done once (``server.once``)
-survives a kill during the first round.
+Each checkpoint is a fresh folder ``checkpoints/round-NNNN`` with the pool, the server's
+tensors and ``state.json``. Client memories are files of their own under ``clients/``,
+named by client and by the round that produced them (``<client>.rNNNNNN.safetensors``):
+a checkpoint writes only those of clients that trained since the last one, and its
+``state.json`` names the file each client is at. Once a checkpoint folder is complete,
+``checkpoints/latest.json`` is replaced atomically to point at it; then older folders and
+client files no checkpoint names are removed. A run killed at any moment leaves a
+complete checkpoint behind. Round 0 is written right after initialisation, so work done
+once (``server.once``) survives a kill during the first round.
 """
 
 from __future__ import annotations
@@ -19,16 +24,16 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from fedkit.atomic import write_json, write_safetensors
-from fedkit.client import ClientMemory
 from fedkit.errors import FedkitError
-from fedkit.ledger import Ledger
 from fedkit.seeding import rng_states, set_rng_states
+from fedkit.state_store import SUFFIX, read_memory
 
 if TYPE_CHECKING:
     from fedkit.engine import Run
 
-FORMAT = 2
+FORMAT = 3
 POINTER = Path("checkpoints") / "latest.json"
+CLIENTS = "clients"
 
 
 def _flatten(groups: dict[str, dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -43,27 +48,24 @@ def _unflatten(flat: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
     return groups
 
 
-def save(run: Run, root: Path, round: int) -> Path:
-    """Write the state after ``round`` and point ``latest.json`` at it."""
+def save(run: Run, root: Path, round: int, logs: dict[str, int]) -> Path:
+    """Write the state after ``round`` (client memories that changed, pool, server) and
+    point ``latest.json`` at it; ``logs`` are the lengths of the run's append-only logs."""
     folder = root / "checkpoints" / f"round-{round:04d}"
     server = run.server
-    memories = dict(run.executor.store.items())
+    manifest = run.executor.store.persist(root / CLIENTS)
     write_safetensors(
         folder / "pool.safetensors", _flatten({str(i): s for i, s in enumerate(server.pool)})
     )
     write_safetensors(folder / "server.safetensors", server.tensors)
-    clients: dict[str, dict[str, Tensor]] = {}
-    for cid, memory in memories.items():
-        clients[f"{cid}/model"] = memory.model or {}
-        clients[f"{cid}/tensors"] = memory.tensors
-    write_safetensors(folder / "clients.safetensors", _flatten(clients))
     sidecar = {
         "format": FORMAT,
         "round": round,
         "server_state": server.state,
-        "roster": {str(c.id): c.meta() for c in server.roster},
-        "clients": {str(cid): m.meta() for cid, m in memories.items()},
-        "ledger": server.ledger.to_rows(),
+        "roster": {str(c.id): c.meta() for c in server.roster if c.participations},
+        "clients": {str(cid): name for cid, name in sorted(manifest.items())},
+        "ledger": server.ledger.flushed,
+        "logs": logs,
         "rng": rng_states(),
     }
     write_json(folder / "state.json", sidecar)
@@ -71,7 +73,17 @@ def save(run: Run, root: Path, round: int) -> Path:
     for old in (root / "checkpoints").glob("round-*"):
         if old.name != folder.name:
             shutil.rmtree(old, ignore_errors=True)
+    collect(root, sidecar["clients"])
     return folder
+
+
+def collect(root: Path, manifest: dict[str, str]) -> None:
+    """Remove client files the newest checkpoint does not name (older versions, and ones
+    written after it by a run that was then killed)."""
+    keep = set(manifest.values())
+    for path in (root / CLIENTS).glob(f"*{SUFFIX}"):
+        if path.name not in keep:
+            path.unlink(missing_ok=True)
 
 
 def latest_folder(root: Path) -> Path | None:
@@ -92,37 +104,25 @@ def latest_round(root: Path) -> int | None:
 class Snapshot:
     """A checkpoint read back: restored into a run in two steps (see ``engine.prepare``)."""
 
+    root: Path
     round: int
     pool: dict[str, dict[str, Tensor]]
     server_tensors: dict[str, Tensor]
     server_state: dict[str, Any]
     sidecar: dict[str, Any]
-    clients: dict[str, dict[str, Tensor]]
 
     def restore(self, run: Run) -> None:
         """Pool, what the server knows of clients, client memories, ledger, RNG states."""
         server = run.server
         server.pool = [self.pool.get(str(i), {}) for i in range(len(server.pool))]
-        for info in server.roster:
-            meta = self.sidecar["roster"][str(info.id)]
+        for cid, meta in self.sidecar["roster"].items():
+            info = server.roster[int(cid)]
             info.participations, info.cluster = meta["participations"], meta["cluster"]
             info.last_round = meta["last_round"]
-        for cid, meta in self.sidecar["clients"].items():
-            model = self.clients.get(f"{cid}/model")
-            memory = ClientMemory(
-                model=model or None,
-                tensors=self.clients.get(f"{cid}/tensors", {}),
-                state=meta["state"],
-                participations=meta["participations"],
-                cluster=meta["cluster"],
-            )
-            run.executor.store.put(int(cid), memory)
-        ledger = Ledger(self.sidecar["ledger"])
-        ledger.model_keys, ledger.aux_patterns = (
-            server.ledger.model_keys,
-            server.ledger.aux_patterns,
-        )
-        server.ledger = ledger
+        manifest = {int(cid): name for cid, name in self.sidecar["clients"].items()}
+        run.executor.store.adopt(self.root / CLIENTS, manifest)
+        server.ledger.rows.clear()
+        server.ledger.flushed = dict(self.sidecar["ledger"])
         set_rng_states(self.sidecar["rng"])
         server.round = self.round
 
@@ -135,40 +135,49 @@ def read(root: Path) -> Snapshot | None:
     sidecar: dict[str, Any] = json.loads((folder / "state.json").read_text())
     if sidecar.get("format") != FORMAT:
         raise FedkitError(
-            f"{folder}: checkpoint format {sidecar.get('format')} was written by an older "
-            f"fedkit; this version reads format {FORMAT} (start the run again)"
+            f"{folder}: checkpoint format {sidecar.get('format')} was written by another "
+            f"fedkit version; this one reads format {FORMAT} (start the run again)"
         )
     return Snapshot(
+        root=root,
         round=sidecar["round"],
         pool=_unflatten(load_file(folder / "pool.safetensors")),
         server_tensors=load_file(folder / "server.safetensors"),
         server_state=sidecar["server_state"],
         sidecar=sidecar,
-        clients=_unflatten_clients(load_file(folder / "clients.safetensors")),
     )
 
 
-def _unflatten_clients(flat: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
-    """``<client>/<model|tensors>/<key>`` → ``{"<client>/<model|tensors>": {key: t}}``."""
-    groups: dict[str, dict[str, Tensor]] = {}
-    for name, value in flat.items():
-        cid, kind, key = name.split("/", 2)
-        groups.setdefault(f"{cid}/{kind}", {})[key] = value
-    return groups
+def personal_state(root: Path, client: int) -> dict[str, Tensor]:
+    """A client's personal model state in a run's newest checkpoint: its cluster's state
+    with the keys the client kept (as personalised evaluation sees it)."""
+    folder = latest_folder(root)
+    if folder is None:
+        raise FedkitError(f"{root}: no checkpoint yet (checkpoints/latest.json is missing)")
+    sidecar = json.loads((folder / "state.json").read_text())
+    name = sidecar["clients"].get(str(client))
+    if name is None:
+        raise FedkitError(f"{root}: client {client} has not trained in this run yet")
+    cluster = sidecar["roster"].get(str(client), {}).get("cluster") or 0
+    pool = _unflatten(load_file(folder / "pool.safetensors")).get(str(cluster), {})
+    return {**pool, **(read_memory(root / CLIENTS / name).model or {})}
 
 
 def saved_part(root: Path, part: str, group: str = "0", file: str = "pool") -> dict[str, Tensor]:
     """One model part's state (keys without the ``part.`` prefix) from a run's newest
-    checkpoint: cluster ``group`` of the pool, client ``group``'s model with
+    checkpoint: cluster ``group`` of the pool, the model client ``group`` kept with
     ``file="clients"``, or a kept result ``group`` (``server.once``) with ``file="server"``."""
     folder = latest_folder(root)
     if folder is None:
         raise FedkitError(f"{root}: no checkpoint yet (checkpoints/latest.json is missing)")
     if file == "clients":
-        group = f"{group}/model"
-    prefix = f"{group}/{part}." if part else f"{group}/"
-    tensors = load_file(folder / f"{file}.safetensors")
+        name = json.loads((folder / "state.json").read_text())["clients"].get(group)
+        tensors = read_memory(root / CLIENTS / name).model or {} if name else {}
+        prefix = f"{part}."
+    else:
+        tensors = load_file(folder / f"{file}.safetensors")
+        prefix = f"{group}/{part}." if part else f"{group}/"
     state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
     if not state:
-        raise FedkitError(f"{folder}: no {part or group} of {file} entry {group}")
+        raise FedkitError(f"{folder}: no {part or group} in {file} entry {group}")
     return state

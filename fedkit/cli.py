@@ -65,6 +65,12 @@ def load_checked(path: Path, overrides: list[str]) -> tuple[Recipe, Plugins]:
         return recipe, check_recipe(recipe)
 
 
+def engine_settings(executor: str | None, workers: int | None) -> list[str]:
+    """``--executor``/``--workers`` as the recipe keys they set."""
+    found = [f"engine.executor={executor}"] if executor is not None else []
+    return found + ([f"engine.workers={workers}"] if workers is not None else [])
+
+
 SetOption = Annotated[
     list[str] | None, typer.Option("--set", "-s", help="Override a recipe key: a.b=value.")
 ]
@@ -76,12 +82,19 @@ def run(
     set_: SetOption = None,
     out: Annotated[Path | None, typer.Option(help="Run directory.")] = None,
     resume: Annotated[Path | None, typer.Option(help="Continue the run in DIR.")] = None,
+    executor: Annotated[
+        str | None, typer.Option(help="sequential, isolated or ray (engine.executor).")
+    ] = None,
+    workers: Annotated[int | None, typer.Option(help="Ray actors (engine.workers).")] = None,
 ) -> None:
     """Run a recipe (or resume a run) and write its run directory."""
+    set_ = [*(set_ or []), *engine_settings(executor, workers)]
     with friendly_errors():
         if resume is not None:
             if recipe is not None or set_:
-                raise FedkitError("--resume takes the run directory only (no recipe, no --set)")
+                raise FedkitError(
+                    "--resume takes the run directory only (no recipe, no --set, no --executor)"
+                )
             the_run, done = rundir.resume(resume)
             out = resume
             console.print(f"resuming {resume} after round {done}")

@@ -5,25 +5,29 @@ process_upload; server side again: aggregate → server_update → round_end →
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from fedkit import faults
 from fedkit.aggregation import weighted_mean
 from fedkit.client import ClientData
 from fedkit.client_metrics import summarise
 from fedkit.data.federated import build_federated_data
-from fedkit.errors import RecipeError
+from fedkit.errors import RecipeError, RoundFailed
 from fedkit.evaluation.runner import evaluate_round
 from fedkit.executor import Executor, make_executor
 from fedkit.messages import ClientJob, ClientResult, ClientSetup, read_only
-from fedkit.plugins import Plugins
+from fedkit.plugins import Plugins, implemented_hooks
 from fedkit.recipe import Recipe
 from fedkit.seeding import derive, seed_everything
 from fedkit.server import Server, Upload
+from fedkit.state_store import kept_bytes, make_store
+from fedkit.worker import non_finite
 
 if TYPE_CHECKING:
     from fedkit.checkpoint import Snapshot
@@ -52,7 +56,10 @@ class Run:
     plugins: Plugins
     server: Server
     executor: Executor
-    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Release the executor (a Ray cluster this run started, worker actors)."""
+        self.executor.close()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -64,11 +71,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def prepare(
-    recipe: Recipe, plugins: Plugins | None = None, snapshot: Snapshot | None = None
+    recipe: Recipe,
+    plugins: Plugins | None = None,
+    snapshot: Snapshot | None = None,
+    out: Path | None = None,
 ) -> Run:
     """Build data, server, plugins, the initial pool and the executor: everything before
     round 1. With a checkpoint ``snapshot``, server values are restored before
-    ``configure`` (so ``server.once`` hands back what was computed) and the rest after."""
+    ``configure`` (so ``server.once`` hands back what was computed) and the rest after.
+    ``out`` is the run directory (a disk store keeps client memories under it)."""
     plugins = plugins or Plugins(recipe)
     if recipe.federation.clients_per_round > recipe.data.num_clients:
         raise RecipeError(
@@ -94,16 +105,32 @@ def prepare(
     server.set_pool(models, frozenset(k for keys in answers for k in keys or ()))
     patterns = plugins.call("auxiliary_keys", recipe=recipe)
     server.ledger.aux_patterns = tuple(p for found in patterns for p in found or ())
+    kept = kept_keys(plugins, recipe, server)
     available = plugins.available if plugins.custom else None
-    setup = ClientSetup(recipe, server.template, server.private, str(device), available)
+    setup = ClientSetup(recipe, server.template, server.private, str(device), available, kept)
     clients = {
         i: ClientData(i, data.train.subset(tr), data.test.subset(te))
         for i, (tr, te) in enumerate(zip(data.clients, data.client_tests, strict=True))
     }
-    run = Run(recipe, plugins, server, make_executor(recipe.engine.executor, setup, clients))
+    store = make_store(recipe.engine, out, len(clients) * kept_bytes(server.template, kept))
+    executor = make_executor(recipe.engine.executor, setup, clients, store)
+    run = Run(recipe, plugins, server, executor)
     if snapshot is not None:
         snapshot.restore(run)
     return run
+
+
+def kept_keys(plugins: Plugins, recipe: Recipe, server: Server) -> frozenset[str]:
+    """The model keys clients keep between rounds: private ones, those plugins declare in
+    ``kept_keys``, and every key when a plugin implements ``update_client`` without
+    declaring what it keeps."""
+    template = server.template
+    for obj in plugins.objects.values():
+        hooks = implemented_hooks(obj)
+        if "update_client" in hooks and "kept_keys" not in hooks:
+            return frozenset(template.state_dict())
+    declared = plugins.call("kept_keys", recipe=recipe, model=template)
+    return server.private | frozenset(k for keys in declared for k in keys or ())
 
 
 def default_sample(recipe: Recipe, round: int) -> list[int]:
@@ -119,11 +146,12 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     server.round = round
     sampled = checked_sample(run, plugins.call("sample_clients", server=server, round=round))
     reporter.round_started(round, sampled)
-    results: list[ClientResult] = []
+    results, failures = [], []
     for result in run.executor.run(jobs(run, sampled)):
         receive(server, result)
-        results.append(result)
+        (results if result.failure is None else failures).append(result)
         reporter.client_done(round, result.client)
+    check_quorum(run, results, failures)
     results.sort(key=lambda r: r.client)
     seed_everything(derive(run.recipe.seed, "server", round))
     uploads: dict[int, list[Upload]] = defaultdict(list)
@@ -132,6 +160,8 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     for cluster, ups in sorted(uploads.items()):
         server.pool[cluster] = update_cluster(run, cluster, ups)
     metrics: dict[str, Any] = {"round": round, "clients": sampled, **summarise(results)}
+    if failures:
+        metrics["failures"] = {str(f.client): f"{f.failure}: {f.error}" for f in failures}
     metrics["clusters"] = {str(c.id): c.cluster for c in server.roster if c.cluster is not None}
     metrics["bytes"] = server.ledger.totals(round)
     plugins.call("round_end", server=server, metrics=metrics)
@@ -143,16 +173,30 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
 def jobs(run: Run, sampled: list[int]) -> list[ClientJob]:
     """One job per sampled client: its seed, the pool it may fetch, its ``downlink``
     tensors (booked in the ledger as they are sent)."""
-    server, round = run.server, run.server.round
+    server, round, seed = run.server, run.server.round, run.recipe.seed
     offers = read_only(server.pool)
     out = []
     for cid in sampled:
         extra = run.plugins.claims("downlink", server=server, client=server.roster[cid])
         server.ledger.record(round, cid, "down", extra)
-        out.append(
-            ClientJob(round, cid, derive(run.recipe.seed, "client", round, cid), offers, extra)
-        )
+        fault = faults.draw(run.recipe.faults, seed, round, cid)
+        job = ClientJob(round, cid, derive(seed, "client", round, cid), offers, extra, fault)
+        out.append(job)
     return out
+
+
+def check_quorum(run: Run, results: list[ClientResult], failures: list[ClientResult]) -> None:
+    """Stop the round (and the run, resumable from its last checkpoint) when fewer than
+    ``federation.min_clients`` clients answered."""
+    needed = run.recipe.federation.min_clients
+    if len(results) >= needed:
+        return
+    listed = "; ".join(f"client {f.client}: {f.failure}: {f.error}" for f in failures)
+    raise RoundFailed(
+        f"round {run.server.round}: {len(results)} of {len(results) + len(failures)} clients "
+        f"answered, below federation.min_clients ({needed}); {listed}. The run stopped; its "
+        "last checkpoint is intact (fedkit run --resume DIR continues from it)"
+    )
 
 
 def checked_sample(run: Run, sampled: list[int] | None) -> list[int]:
@@ -169,9 +213,12 @@ def checked_sample(run: Run, sampled: list[int] | None) -> list[int]:
 
 
 def receive(server: Server, result: ClientResult) -> None:
-    """Book a client's result: the clusters it fetched, its upload, its reported identity."""
+    """Book a client's result: the clusters it fetched, its upload, its reported identity
+    (a failed client's downloads only)."""
     for cluster in result.fetched:
         server.ledger.record(server.round, result.client, "down", server.pool[cluster])
+    if result.failure is not None:
+        return
     server.ledger.record(server.round, result.client, "up", result.upload)
     info = server.roster[result.client]
     info.participations += 1
@@ -197,4 +244,11 @@ def update_cluster(run: Run, cluster: int, uploads: list[Upload]) -> dict[str, T
         "server_update", server=server, cluster=cluster, previous=previous, aggregated=state
     )
     state.update({k: v.detach().cpu() for k, v in updated.items()})
+    bad = non_finite(state)
+    if bad is not None:
+        raise RoundFailed(
+            f"round {server.round}: cluster {cluster}'s key {bad!r} became non-finite after "
+            "aggregation (plugins: " + ", ".join(plugins.names) + "); the run stopped before "
+            "keeping it, its last checkpoint is intact"
+        )
     return state

@@ -72,3 +72,8 @@ class ClaimConflict(FedkitError):
             "a key can be handled by one plugin only: remove one of them from the recipe "
             "or change its options"
         )
+
+
+class RoundFailed(FedkitError):
+    """A round could not complete (too few clients answered, a non-finite global model);
+    the run stops with its last checkpoint intact."""

@@ -40,6 +40,8 @@ def render() -> str:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1].startswith("-"):
+        sys.exit("usage: python -m fedkit.hookdocs [docs/hooks.md]  (no path: print the page)")
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else None
     if target is None:
         sys.stdout.write(render())

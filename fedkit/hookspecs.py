@@ -113,6 +113,24 @@ def private_keys(recipe: Recipe, model: nn.ModuleDict) -> Iterable[str] | None:
 
 
 @spec(SERVER)
+def kept_keys(recipe: Recipe, model: nn.ModuleDict) -> Iterable[str] | None:
+    """Name the shared keys a client must keep between rounds for this plugin.
+
+    Called once per run on the server with the template. A client's store keeps only its
+    private keys and the keys named here (plus its ``ctx.tensors`` and ``ctx.state``), so
+    memory and checkpoints grow with what clients really keep, not with whole models. A
+    plugin whose ``update_client`` takes a shared key's *local* value (a local predictor
+    decided per round, a moving average of local and global) names that key here. A
+    plugin that implements ``update_client`` without this hook keeps every model key, to
+    be safe; one that only reads ``received`` returns ``[]``.
+
+    :param recipe: the validated recipe.
+    :param model: the template model.
+    :returns: state-dict keys of ``model``, or ``None``.
+    """
+
+
+@spec(SERVER)
 def auxiliary_keys(recipe: Recipe) -> Iterable[str] | None:
     """Declare which non-model keys this plugin sends are auxiliary, not data-derived.
 
@@ -185,9 +203,11 @@ def update_client(
     """Merge the state the client received with the state it kept (claims).
 
     Called on the client after ``select_cluster``. ``received`` is the chosen cluster's
-    state plus any ``downlink`` tensors; ``local`` is the client's model state from its
-    last round (on its first participation, ``ctx.participations == 0`` and ``local``
-    is the template's). Unclaimed keys: received model keys replace local ones.
+    state plus any ``downlink`` tensors; ``local`` is the client's model state: the
+    values it kept from its last round for its private keys and for the keys plugins
+    declare in ``kept_keys``, the template's values for every other key (and for all of
+    them on a first participation, ``ctx.participations == 0``). Unclaimed keys: received
+    model keys replace local ones.
 
     :param ctx: the client context.
     :param received: what the server sent (do not modify in place).

@@ -24,18 +24,20 @@ def tensor_bytes(tensors: Iterable[Tensor]) -> int:
 
 
 class Ledger:
-    """Byte counts per round and client; JSON-serialisable for checkpoints.
+    """Byte counts per round and client.
 
     ``model_keys`` and ``aux_patterns`` decide the category of each key; the server sets
-    them once the template and the plugins' declarations are known.
+    them once the template and the plugins' declarations are known. ``rows`` are the rows
+    not yet written out: a run directory appends them to ``ledger.jsonl`` at every
+    checkpoint (``flush``) and keeps only their running totals (``flushed``), so memory
+    and checkpoints do not grow with the rounds done.
     """
 
-    def __init__(self, rows: list[dict[str, int]] | None = None) -> None:
+    def __init__(self, flushed: dict[str, int] | None = None) -> None:
         self.rows: dict[tuple[int, int], dict[str, int]] = {}
+        self.flushed: dict[str, int] = {**dict.fromkeys(FIELDS, 0), **(flushed or {})}
         self.model_keys: frozenset[str] = frozenset()
         self.aux_patterns: tuple[str, ...] = ()
-        for row in rows or []:
-            self.rows[(row["round"], row["client"])] = {**dict.fromkeys(FIELDS, 0), **row}
 
     def category(self, key: str) -> str:
         if key in self.model_keys:
@@ -53,8 +55,8 @@ class Ledger:
             row[f"{direction}_{self.category(key)}"] += value.numel() * value.element_size()
 
     def totals(self, round: int | None = None) -> dict[str, int]:
-        """Sums over all rows (or one round's rows), plus ``total``."""
-        sums = dict.fromkeys(FIELDS, 0)
+        """Sums over the whole run (or one round not yet flushed), plus ``total``."""
+        sums = dict(self.flushed) if round is None else dict.fromkeys(FIELDS, 0)
         for (r, _), row in self.rows.items():
             if round is None or r == round:
                 for field in FIELDS:
@@ -63,4 +65,14 @@ class Ledger:
         return sums
 
     def to_rows(self) -> list[dict[str, int]]:
+        """The rows not flushed yet, by (round, client)."""
         return [self.rows[k] for k in sorted(self.rows)]
+
+    def flush(self) -> list[dict[str, int]]:
+        """Hand over the pending rows (to be appended to a file) and keep their totals."""
+        rows = self.to_rows()
+        for row in rows:
+            for field in FIELDS:
+                self.flushed[field] += row[field]
+        self.rows.clear()
+        return rows

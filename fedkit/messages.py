@@ -19,7 +19,9 @@ from fedkit.recipe import Recipe
 
 @dataclass
 class ClientSetup:
-    """Sent once per run: the recipe, the template model and which keys stay private.
+    """Sent once per run: the recipe, the template model, which keys stay private and
+    which model keys a client keeps between rounds (``kept``: the private ones and those
+    plugins declare in ``kept_keys``).
 
     ``available`` is the plugin registry to build client-side plugins from (``None``:
     the installed entry points); ``device`` is the resolved device name.
@@ -30,6 +32,7 @@ class ClientSetup:
     private: frozenset[str]
     device: str
     available: dict[str, Any] | None = None
+    kept: frozenset[str] | None = None
 
 
 @dataclass
@@ -38,7 +41,8 @@ class ClientJob:
 
     ``offers`` are the cluster states the client may fetch this round (read-only
     views; the ledger books a fetch by the cluster index the result reports); ``extra``
-    are the tensors of the ``downlink`` hook.
+    are the tensors of the ``downlink`` hook; ``fault`` an injected fault (testing) and
+    ``attempt`` how often the job was tried before (a retry after a worker died).
     """
 
     round: int
@@ -46,6 +50,8 @@ class ClientJob:
     seed: int
     offers: Sequence[Mapping[str, Tensor]]
     extra: dict[str, Tensor] = field(default_factory=dict)
+    fault: str | None = None
+    attempt: int = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -60,7 +66,9 @@ class ClientJob:
 @dataclass
 class ClientResult:
     """What one client sends back: its upload, weight (sample count), chosen cluster,
-    the clusters it fetched (for the ledger) and its metrics (JSON values)."""
+    the clusters it fetched (for the ledger) and its metrics (JSON values). A client that
+    failed sends ``failure`` (its kind: exception, non-finite, timeout, dropout, crash)
+    and ``error`` instead of an upload."""
 
     client: int
     cluster: int
@@ -68,6 +76,12 @@ class ClientResult:
     upload: dict[str, Tensor]
     fetched: list[int]
     metrics: dict[str, Any]
+    failure: str | None = None
+    error: str = ""
+
+    @classmethod
+    def failed(cls, client: int, kind: str, error: str, fetched: list[int] = ()) -> ClientResult:
+        return cls(client, -1, 0.0, {}, list(fetched), {}, kind, error)
 
 
 def read_only(states: Sequence[dict[str, Tensor]]) -> tuple[Mapping[str, Tensor], ...]:

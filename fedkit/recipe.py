@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fedkit.errors import RecipeError, unknown_hint
 
@@ -80,6 +87,8 @@ class FederationConfig(Section):
     drop_last: bool = False
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     lr_schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    min_clients: int = Field(1, gt=0)
+    client_timeout: float | None = Field(None, gt=0)
 
     @field_validator("lr_schedule", mode="before")
     @classmethod
@@ -122,12 +131,46 @@ class EvaluationConfig(Section):
 
 
 class EngineConfig(Section):
-    """Where clients run: ``sequential`` (one after another, in this process) or
-    ``isolated`` (each job as a fresh worker process would run it: plugins rebuilt from
-    the recipe, everything that crosses pickled; slower, for checking plugins)."""
+    """Where clients run and where what they keep lives.
 
-    executor: Literal["sequential", "isolated"] = "sequential"
+    ``executor``: ``sequential`` (one after another, in this process), ``isolated`` (each
+    job as a fresh worker process would run it: plugins rebuilt from the recipe,
+    everything that crosses pickled; for checking plugins) or ``ray`` (long-lived actors
+    on a Ray cluster; the ``ray`` extra). ``workers``, ``num_cpus``, ``num_gpus``,
+    ``address``: Ray's actor count, resources per actor and cluster (``auto``,
+    ``ray://host:port``; none: a local cluster). ``store``: ``memory``, ``disk`` or
+    ``auto`` (disk when the clients' kept state would pass ``memory_budget_mb``);
+    ``cache``: client memories a disk store keeps in memory.
+    """
+
+    executor: Literal["sequential", "isolated", "ray"] = "sequential"
     checkpoint_every: int = Field(1, ge=1)
+    workers: int | None = Field(None, gt=0)
+    num_cpus: float = Field(1.0, gt=0)
+    num_gpus: float = Field(0.0, ge=0)
+    address: str | None = None
+    store: Literal["auto", "memory", "disk"] = "auto"
+    memory_budget_mb: float = Field(1024.0, gt=0)
+    cache: int = Field(64, gt=0)
+
+
+class FaultConfig(Section):
+    """Injected client faults (testing only): per sampled client and round, the probability
+    of each fault (they must sum to at most 1); ``delay``: a straggler's extra seconds."""
+
+    exception: float = Field(0.0, ge=0, le=1)
+    dropout: float = Field(0.0, ge=0, le=1)
+    nan: float = Field(0.0, ge=0, le=1)
+    straggler: float = Field(0.0, ge=0, le=1)
+    crash: float = Field(0.0, ge=0, le=1)
+    delay: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _at_most_one(self) -> FaultConfig:
+        total = self.exception + self.dropout + self.nan + self.straggler + self.crash
+        if total > 1:
+            raise ValueError(f"fault probabilities summing to at most 1, found {total:g}")
+        return self
 
 
 class Recipe(Section):
@@ -141,6 +184,7 @@ class Recipe(Section):
     plugins: list[PluginSpec] = Field(default_factory=list)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    faults: FaultConfig = Field(default_factory=FaultConfig)
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     @field_validator("plugins", mode="before")

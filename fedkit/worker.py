@@ -1,24 +1,31 @@
 """The client side of a run: what happens to one sampled client in one round.
 
 A ``Worker`` is built from a ``ClientSetup`` wherever clients run (in the server's
-process for the sequential executor, in a worker process or on a device elsewhere). It
-holds the client-side plugin instances and one working model, and turns a
-``ClientJob`` plus the client's data and memory into a ``ClientResult``:
+process for the sequential executor, in a Ray actor, on a device elsewhere). It holds the
+client-side plugin instances and one working model, and turns a ``ClientJob`` plus the
+client's data and memory into a ``ClientResult``:
 
 select_cluster → update_client → local_train | local_objective + fit →
 after_local_train → upload_selection → process_upload.
+
+``run_safely`` turns a client's failure (an exception in its hooks, a non-finite value
+in its upload, an injected fault) into a failed result: failures are data, the round
+goes on without that client. Bad input (a ``FedkitError``) still stops the run.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import time
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from fedkit.client import ClientContext, ClientData, ClientMemory, ModelKeys
-from fedkit.errors import RecipeError
+from fedkit.errors import FedkitError, PluginError, RecipeError
+from fedkit.faults import InjectedCrash, InjectedFault
 from fedkit.hookspecs import CLIENT
 from fedkit.keys import parameter_keys
 from fedkit.messages import ClientJob, ClientResult, ClientSetup
@@ -30,6 +37,14 @@ def _detached(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v.detach().clone() for k, v in state.items()}
 
 
+def non_finite(tensors: dict[str, Tensor]) -> str | None:
+    """The first key whose floating tensor holds a NaN or an infinity, if any."""
+    for key, value in tensors.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return key
+    return None
+
+
 class Worker:
     """Runs client jobs with client-side plugins built from the recipe."""
 
@@ -37,15 +52,14 @@ class Worker:
         self.setup = setup
         self.plugins = Plugins(setup.recipe, setup.available, side=CLIENT)
         self.device = torch.device(setup.device)
-        self.template_state = {
-            k: v.detach().clone() for k, v in setup.template.state_dict().items()
-        }
+        self.template_state = _detached(setup.template.state_dict())
         self.model = copy.deepcopy(setup.template).to(self.device)
         self.keys = ModelKeys(
             frozenset(self.template_state),
             frozenset(parameter_keys(setup.template)),
             frozenset(setup.private),
         )
+        self.kept = setup.kept if setup.kept is not None else self.keys.model
         self._measures = bool(self.plugins.implementers("after_local_train"))
 
     def context(self, job: ClientJob, data: ClientData, memory: ClientMemory) -> ClientContext:
@@ -67,13 +81,15 @@ class Worker:
         self, job: ClientJob, data: ClientData, memory: ClientMemory | None
     ) -> tuple[ClientResult, ClientMemory]:
         """One client's round; returns its result and its memory for the next round."""
-        memory = memory if memory is not None else ClientMemory()
+        memory = copy.copy(memory) if memory is not None else ClientMemory()
+        memory.state, memory.tensors = copy.deepcopy(memory.state), dict(memory.tensors)
         ctx = self.context(job, data, memory)
+        self.act_out(job)
         plugins, model = self.plugins, self.model
         cluster = plugins.call("select_cluster", ctx=ctx, model=model)
         ctx.cluster = 0 if cluster is None else int(cluster)
         ctx.received.update(ctx.fetch(ctx.cluster))
-        local = memory.model if memory.model is not None else self.template_state
+        local = {**self.template_state, **(memory.model or {})}
         claimed = plugins.claims("update_client", ctx=ctx, received=ctx.received, local=local)
         merged = {**local, **ctx.received, **claimed}
         model.load_state_dict({k: merged[k] for k in local})
@@ -87,13 +103,46 @@ class Worker:
         upload.update(chosen)
         upload = {k: v.detach().cpu() for k, v in upload.items() if v is not None}
         upload = plugins.chain("process_upload", "upload", ctx=ctx, upload=upload)
-        memory.model = {k: v.cpu() for k, v in after.items()}
+        if job.fault == "nan":
+            upload = poisoned(upload)
+        memory.model = {k: after[k].cpu() for k in self.kept}
+        memory.state, memory.tensors = ctx.state, ctx.tensors
         memory.participations += 1
         memory.cluster = ctx.cluster
         metrics: dict[str, Any] = {**ctx.logged, **stats}
         result = ClientResult(
             data.id, ctx.cluster, float(len(data.train)), upload, ctx.fetched, metrics
         )
+        return result, memory
+
+    def act_out(self, job: ClientJob) -> None:
+        """Injected faults that act before the client's work (testing)."""
+        if job.fault == "exception":
+            raise InjectedFault(f"injected exception in client {job.client}, round {job.round}")
+        if job.fault == "crash" and job.attempt == 0:
+            raise InjectedCrash(f"injected crash of client {job.client}'s worker")
+        if job.fault == "straggler":
+            time.sleep(self.setup.recipe.faults.delay)
+
+    def run_safely(
+        self, job: ClientJob, data: ClientData, memory: ClientMemory | None
+    ) -> tuple[ClientResult, ClientMemory | None]:
+        """``run``, with a client's failure returned as a failed result (memory ``None``:
+        the client's round did not happen). A ``FedkitError`` (bad input) and an
+        ``InjectedCrash`` (the worker is meant to die) propagate."""
+        if job.fault == "dropout":
+            return ClientResult.failed(job.client, "dropout", "the client never answered"), None
+        try:
+            result, memory = self.run(job, data, memory)
+        except (FedkitError, InjectedCrash):
+            raise
+        except Exception as exc:  # noqa: BLE001 - any client failure is data
+            error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
+            return ClientResult.failed(job.client, "exception", error), None
+        bad = non_finite(result.upload)
+        if bad is not None:
+            error = f"upload key {bad!r} holds a non-finite value"
+            return ClientResult.failed(job.client, "non-finite", error, result.fetched), None
         return result, memory
 
     def train(self, ctx: ClientContext) -> dict[str, Any]:
@@ -109,3 +158,14 @@ class Worker:
                 )
             stats = ctx.fit(self.model, objective)
         return dict(stats)
+
+
+def poisoned(upload: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The upload with its first floating tensor's first value set to NaN (testing)."""
+    out = dict(upload)
+    for key, value in out.items():
+        if value.is_floating_point() and value.numel():
+            out[key] = value.clone()
+            out[key].view(-1)[0] = math.nan
+            break
+    return out

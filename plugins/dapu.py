@@ -30,6 +30,8 @@ from torch import Tensor, nn
 from fedkit import PluginOptions, hookimpl
 from fedkit.client import ClientContext
 from fedkit.errors import RecipeError
+from fedkit.keys import under
+from fedkit.recipe import Recipe
 from fedkit.ssl.divergence import divergence
 
 PREDICTOR = "predictor."
@@ -45,6 +47,13 @@ class DAPU:
 
     def __init__(self, options: Options) -> None:
         self.options = options
+
+    @hookimpl
+    def kept_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+        """A client keeps its own predictor (it may take it instead of the global one),
+        and with ``reference: new_global`` its encoder (to measure against)."""
+        parts = ["predictor", "encoder"] if self.options.reference == "new_global" else "predictor"
+        return under(model, parts)
 
     @hookimpl
     def update_client(

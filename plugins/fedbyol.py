@@ -42,6 +42,10 @@ class FedBYOL:
         return target_keys(model)
 
     @hookimpl
+    def kept_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+        return []  # update_client reads only the target (private) and what was received
+
+    @hookimpl
     def update_client(
         self, ctx: ClientContext, received: dict[str, Tensor], local: dict[str, Tensor]
     ) -> dict[str, Tensor] | None:

@@ -164,6 +164,10 @@ class FedCA:
     # ---------------------------------------------------------------- client side
 
     @hookimpl
+    def kept_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+        return []  # update_client only stores what it received in ctx.tensors
+
+    @hookimpl
     def update_client(
         self, ctx: ClientContext, received: dict[str, Tensor], local: dict[str, Tensor]
     ) -> None:

@@ -28,6 +28,8 @@ from torch import Tensor, nn
 
 from fedkit import PluginOptions, hookimpl
 from fedkit.client import ClientContext
+from fedkit.keys import parameter_keys, under
+from fedkit.recipe import Recipe
 from fedkit.ssl.divergence import divergence
 
 DIVERGENCE, SCALER = "fedema_divergence", "fedema_lambda"
@@ -53,6 +55,12 @@ class FedEMA:
                 return 0.0
             scaler = ctx.state[SCALER] = self.options.tau / d
         return min(scaler * d, 1.0)
+
+    @hookimpl
+    def kept_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+        """The parameters it averages: a client keeps its own values of them."""
+        params = set(parameter_keys(model))
+        return [k for k in under(model, self.options.parts) if k in params]
 
     @hookimpl
     def update_client(

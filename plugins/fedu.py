@@ -80,6 +80,11 @@ class FedU:
         return [*target_keys(model), *local]
 
     @hookimpl
+    def kept_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+        """With ``update: target`` a client keeps its own online network."""
+        return under(model, ONLINE) if self.options.update == "target" else []
+
+    @hookimpl
     def update_client(
         self, ctx: ClientContext, received: dict[str, Tensor], local: dict[str, Tensor]
     ) -> dict[str, Tensor]:

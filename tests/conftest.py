@@ -87,7 +87,9 @@ def prepared(raw: dict[str, Any], **extra: Any):
 
 
 def kept_model(run, cid: int) -> dict[str, Any] | None:
-    """The model state client ``cid`` kept after its last round (``None`` before its first)."""
+    """The model keys client ``cid`` keeps between rounds (its private keys and those
+    plugins declare in ``kept_keys``) as of its last round; ``None`` before its first.
+    For the full state a client trained to, use ``Spy.trained``."""
     memory = run.executor.store.get(cid)
     return None if memory is None else memory.model
 
@@ -135,16 +137,19 @@ def logged(ctx) -> dict[str, Any]:
 
 
 class Spy:
-    """Records, per (round, client), the state local training starts from and what the
-    server sent; per round, the uploads the server aggregated. Trains nothing.
+    """Records, per (round, client), the state local training starts from, what the
+    server sent and the full state local training ended at; per round, the uploads the
+    server aggregated. Trains nothing.
 
     ``local_train`` runs on the client side (it reads ``ctx.received``) and returns
-    ``None`` so that the method's own training still runs; ``aggregate`` runs on the
-    server side and claims nothing."""
+    ``None`` so that the method's own training still runs; ``after_local_train`` also
+    runs on the client side and reports no metric; ``aggregate`` runs on the server side
+    and claims nothing."""
 
     def __init__(self) -> None:
         self.loaded: dict[tuple[int, int], dict[str, Any]] = {}
         self.received: dict[tuple[int, int], dict[str, Any]] = {}
+        self.trained: dict[tuple[int, int], dict[str, Any]] = {}
         self.uploads: dict[int, list] = {}
 
     @hookimpl
@@ -152,6 +157,11 @@ class Spy:
         key = (ctx.round, ctx.id)
         self.loaded[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.received[key] = dict(ctx.received)
+
+    @hookimpl
+    def after_local_train(self, ctx, model, before):
+        key = (ctx.round, ctx.id)
+        self.trained[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     @hookimpl
     def aggregate(self, server, cluster, uploads):

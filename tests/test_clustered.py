@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import attach_spy, kept_model
+from conftest import attach_spy
 from PIL import Image
 from safetensors.torch import save_file
 
-from fedkit import checkpoint, rundir
+from fedkit import rundir
 from fedkit.aggregation import weighted_mean
 from fedkit.checkpoint import saved_part
 from fedkit.client import ClientMemory
@@ -162,6 +162,7 @@ def test_clusters_aggregate_their_own_clients_weighted_and_unchosen_keep_their_m
     blobs: Path,
 ) -> None:
     run = prepare(recipe(blobs, {"ifca": {"num_clusters": 5}}, **{"federation.rounds": 1}))
+    spy = attach_spy(run)
     before = copy.deepcopy(run.server.pool)
     metrics = run_round(run, 1)
     chosen = {int(c) for c in metrics["clusters"].values()}
@@ -173,7 +174,8 @@ def test_clusters_aggregate_their_own_clients_weighted_and_unchosen_keep_their_m
             for key, value in before[cluster].items():
                 assert torch.equal(run.server.pool[cluster][key], value)
             continue
-        uploads = [Upload(c, float(len(clients[c].train)), kept_model(run, c)) for c in members]
+        trained = {c: spy.trained[(1, c)] for c in members}
+        uploads = [Upload(c, float(len(clients[c].train)), trained[c]) for c in members]
         for key in HEAD_KEYS + ("encoder.conv1.0.weight",):
             expected = weighted_mean(uploads, key)
             assert torch.allclose(run.server.pool[cluster][key], expected, atol=1e-6)
@@ -203,7 +205,7 @@ def test_cpcfl_freezes_the_encoder_before_switch_round(blobs: Path, tmp_path: Pa
     metrics = run_round(run, 1)
     assert metrics["encoder_frozen"] is True
     for cid in run.executor.clients:
-        after, received = kept_model(run, cid), spy.received[(1, cid)]
+        after, received = spy.trained[(1, cid)], spy.received[(1, cid)]
         for key, value in received.items():
             if key.startswith("encoder."):
                 assert torch.equal(after[key], value), key
@@ -214,7 +216,7 @@ def test_cpcfl_freezes_the_encoder_before_switch_round(blobs: Path, tmp_path: Pa
                 assert torch.allclose(state[key], value, atol=1e-7)
     metrics = run_round(run, 2)
     assert metrics["encoder_frozen"] is False
-    after, received = kept_model(run, 0), spy.received[(2, 0)]
+    after, received = spy.trained[(2, 0)], spy.received[(2, 0)]
     assert not torch.equal(after["encoder.conv1.0.weight"], received["encoder.conv1.0.weight"])
 
 
@@ -246,7 +248,8 @@ def test_cpcfl_stage1_saves_a_reusable_encoder_and_scores_relevance(
     assert not (out / "encoder.safetensors").exists()
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert -1.0 <= first["relevance_score"] <= 1.0
-    assert summary["final"]["clusters"].keys() == {str(i) for i in range(9)}
+    assert summary["final"]["round"] == 1  # its clusters are in clients.jsonl
+    assert rundir.read_clients(out)[-1]["clusters"].keys() == {str(i) for i in range(9)}
     assert all(torch.equal(load_encoder(out)[k], v) for k, v in saved.items())
     reuse = prepare(recipe(blobs, {"cpcfl": {"encoder": str(out)}}))
     assert all(torch.equal(reuse.server.pool[0][f"encoder.{k}"], v) for k, v in saved.items())
@@ -335,8 +338,10 @@ def test_run_directory_records_identities_and_cluster_metrics_every_round(
     rundir.execute(rundir.start(rec, out), out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
-    for row in rows:
-        assert set(row["clusters"]) == {str(i) for i in range(9)}
+    identities = rundir.read_clients(out)  # every client is sampled: all 9 every round
+    assert [r["round"] for r in identities] == [1, 2]
+    for row, ids in zip(rows, identities, strict=True):
+        assert set(ids["clusters"]) == {str(i) for i in range(9)}
         assert {"ari", "ari_round", "clusters_used"} <= set(row)
     assert {"personalized_accuracy", "personalized_f1", "personalized_auroc"} <= set(rows[1])
     assert "personalized_f1" not in rows[0]
@@ -353,8 +358,7 @@ def test_cpcfl_resume_reuses_the_saved_encoder_and_matches_an_uninterrupted_run(
 
     cut = tmp_path / "cut"
     run = rundir.start(rec, cut)
-    run.history.append(run_round(run, 1))
-    checkpoint.save(run, cut, 1)
+    rundir.commit(run, cut, [run_round(run, 1)], 1)
     monkeypatch.setattr("fedkit_plugins.cpcfl.pretrain_encoder", pytest.fail)
     resumed, done = rundir.resume(cut)
     assert done == 1 and resumed.server.state["pretrain"] == run.server.state["pretrain"]

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from conftest import kept_model, prepared
+from conftest import kept_model, prepared, spied
 
 from fedkit import hookimpl
 from fedkit.engine import run_round, update_cluster
@@ -84,6 +84,8 @@ def test_unclaimed_keys_are_replaced_and_claimed_keys_kept():
     pool = {k: v.clone() for k, v in run.server.pool[0].items()}
     run_round(run, 2)
     for cid in range(3):
+        # update_client without kept_keys: the client keeps every key, to be safe
+        assert set(kept[cid]) == set(run.server.template.state_dict())
         seen = rec.seen[cid]
         assert torch.equal(seen["classifier.bias"], kept[cid]["classifier.bias"])
         assert torch.equal(seen["encoder.conv1.0.weight"], pool["encoder.conv1.0.weight"])
@@ -105,6 +107,7 @@ def test_private_keys_stay_out_of_pool_and_uploads():
     assert run.server.private == frozenset(under(run.server.template, "classifier"))
     kept = kept_model(run, 0)
     assert all(k.startswith("classifier.") or k.startswith("encoder.") for k in kept)
+    assert set(kept) == run.server.private  # a client keeps its private keys only
     rows = run.server.ledger.to_rows()
     head = sum(v.numel() * 4 for k, v in kept.items() if k.startswith("classifier."))
     enc = sum(v.numel() * v.element_size() for k, v in run.server.pool[0].items())
@@ -164,11 +167,11 @@ def test_trace_prints_hook_calls(monkeypatch, capsys):
 
 
 def test_pool_is_weighted_mean_of_what_each_client_trained():
-    run = prepared(recipe("fedavg"))
+    run, spy = spied(recipe("fedavg"))
     run_round(run, 1)
     clients = run.executor.clients
     sizes = [len(clients[cid].train) for cid in sorted(clients)]
-    states = [kept_model(run, cid) for cid in sorted(clients)]
+    states = [spy.trained[(1, cid)] for cid in sorted(clients)]
     key = "classifier.weight"
     expected = sum(s[key].double() * n for s, n in zip(states, sizes, strict=True)) / sum(sizes)
     assert not torch.equal(states[0][key], states[1][key])

@@ -112,6 +112,8 @@ class ContextCheck:
 
 def rows_state(run, rounds: int = 2):
     rows = [run_round(run, r) for r in range(1, rounds + 1)]
+    # a client's exception (a failed check inside a hook too) is recorded, not raised
+    assert [row.get("failures") for row in rows] == [None] * rounds
     memories = {c: m for c, m in run.executor.store.items()}
     return rows, run.server.pool, memories
 
@@ -340,15 +342,13 @@ def test_resume_does_not_pre_train_again_and_plugins_leave_the_run_dir_alone(
     assert len(calls) == 1
     out = tmp_path / "run"
     run = rundir.start(recipe, out)
-    run.history.append(run_round(run, 1))
-    from fedkit import checkpoint
-
-    checkpoint.save(run, out, 1)
+    rundir.commit(run, out, [run_round(run, 1)], 1)
     assert len(calls) == 2
     resumed, done = rundir.resume(out)
     assert done == 1 and len(calls) == 2  # kept by the core, not trained again
     assert run_round(resumed, 2) == expected[1]
-    core_files = {"recipe.yaml", "partition.json", "checkpoints"}
+    logs = {"metrics.jsonl", "clients.jsonl", "ledger.jsonl", "failures.jsonl"}
+    core_files = {"recipe.yaml", "partition.json", "checkpoints", "clients", *logs}
     assert {p.name for p in out.iterdir()} == core_files
 
 

@@ -92,7 +92,7 @@ def test_divergence_logged_per_client_per_round_matches_the_models():
         assert set(row["per_client"]) == {"0", "1", "2"}
     for cid in range(3):
         log, first = rows[1]["per_client"][str(cid)], rows[0]["per_client"][str(cid)]
-        measured = divergence(spy.received[(2, cid)], kept_model(run, cid))
+        measured = divergence(spy.received[(2, cid)], spy.trained[(2, cid)])
         assert log["dapu_divergence"] == pytest.approx(measured)
         assert log["dapu_used"] == pytest.approx(first["dapu_divergence"])
         assert log["dapu_global"] is (log["dapu_used"] < 0.4)
@@ -103,6 +103,15 @@ def test_divergence_logged_per_client_per_round_matches_the_models():
         values = {cid: v["dapu_divergence"] for cid, v in row["per_client"].items()}
         mean = sum(values[c] * sizes[c] for c in values) / sum(sizes.values())
         assert row["train_dapu_divergence"] == pytest.approx(mean)
+
+
+def test_new_global_reference_measures_against_the_clients_last_encoder():
+    raw = ssl_recipe("fedsimsiam", ("dapu", {"mu": 0.4, "reference": "new_global"}))
+    run, spy = spied(raw)
+    rows = rounds(run, 2)
+    for cid in range(3):
+        measured = divergence(spy.received[(2, cid)], spy.trained[(1, cid)])
+        assert rows[1]["per_client"][str(cid)]["dapu_used"] == pytest.approx(measured)
 
 
 def test_with_a_huge_mu_dapu_changes_nothing():
@@ -122,6 +131,8 @@ def test_fedsimsiam_with_dapu_differs_only_in_predictor_updates():
     for cid in range(3):
         a, b = plain_spy.loaded[(2, cid)], spy.loaded[(2, cid)]
         predictor = part(a, "predictor.")
+        assert predictor and set(kept[cid]) == set(predictor)  # dapu keeps the predictor only
+        assert kept_model(plain, cid) == {}  # plain fedsimsiam keeps nothing
         others = [k for k in a if k not in predictor]
         assert same(a, b, others)  # encoder and projector: the same global ones
         assert same(a, spy.received[(2, cid)], predictor)  # plain: global predictor
@@ -141,9 +152,12 @@ def test_fedu_local_predictor_and_dapu_is_a_recipe_error():
 
 
 def test_fedu_with_dapu_always_global_is_fedbyol():
-    byol = prepared(ssl_recipe("fedbyol"))
-    fedu = prepared(ssl_recipe("fedu", ("dapu", {"mu": 1e9})))
+    byol, byol_spy = spied(ssl_recipe("fedbyol"))
+    fedu, fedu_spy = spied(ssl_recipe("fedu", ("dapu", {"mu": 1e9})))
     rounds(byol, 2), rounds(fedu, 2)
     assert same(byol.server.pool[0], fedu.server.pool[0], byol.server.pool[0])
     for cid in range(3):
-        assert same(kept_model(byol, cid), kept_model(fedu, cid), kept_model(byol, cid))
+        trained = byol_spy.trained[(2, cid)]
+        assert same(trained, fedu_spy.trained[(2, cid)], trained)  # the full trained states
+        kept = kept_model(byol, cid)  # the targets, which both keep
+        assert kept and same(kept, kept_model(fedu, cid), kept)

@@ -65,7 +65,7 @@ def test_upload_holds_normalised_features_of_every_local_sample(two_rounds):
         assert feats.shape == (len(client.train), DIM) and feats.dtype == torch.float32
         assert torch.allclose(feats.norm(dim=1), torch.ones(len(feats)), atol=1e-5)
         model = run.server.model(0).cpu()
-        model.load_state_dict(kept_model(run, client.id))
+        model.load_state_dict(spy.trained[(2, client.id)])  # the encoder it just trained
         assert torch.equal(feats, encode_dictionary(model, client.train, torch.device("cpu")))
 
 
@@ -112,6 +112,7 @@ def test_public_data_and_base_model_stay_on_the_server(two_rounds):
         assert torch.equal(first[PUBLIC_FEATURES], base)
         assert not {PUBLIC_IMAGES, PUBLIC_FEATURES} & set(second)
         assert set(run.executor.store.get(cid).tensors) == {PUBLIC_IMAGES, PUBLIC_FEATURES}
+        assert kept_model(run, cid) == {}  # of its model, a client keeps nothing
         assert run.server.ledger.rows[(1, cid)]["down_data"] == once
     for ups in spy.uploads.values():
         for u in ups:
@@ -257,15 +258,14 @@ def test_run_warns_and_keeps_the_base_features_in_its_checkpoint(write_recipe, t
 
 def test_resume_reuses_the_saved_base_encoder_and_matches(tmp_path, monkeypatch):
     import fedkit_plugins.fedca as fedca_module
-    from fedkit import checkpoint, rundir
+    from fedkit import rundir
     from fedkit.recipe import validate
 
     recipe = validate(fedca_recipe(rounds=2))
     full = rundir.start(recipe, tmp_path / "full")
     rundir.execute(full, tmp_path / "full")
     half = rundir.start(recipe, tmp_path / "half")
-    half.history.append(run_round(half, 1))
-    checkpoint.save(half, tmp_path / "half", 1)
+    rundir.commit(half, tmp_path / "half", [run_round(half, 1)], 1)
 
     def no_training(*args, **kwargs):
         raise AssertionError("the base encoder was trained again on resume")

@@ -31,11 +31,13 @@ def test_update_is_a_divergence_weighted_average_of_local_and_global():
         assert third["fedema_mu"] == pytest.approx(min(1.0, TAU * d2 / d1))
         for r, mu in ((2, second["fedema_mu"]), (3, third["fedema_mu"])):
             loaded, received, local = spy.loaded[(r, cid)], spy.received[(r, cid)], kept[r - 1][cid]
+            # a client keeps its own online parameters, not the shared buffers
+            assert set(online) <= set(local) and not set(buffers) & set(local)
             for k in online:
                 torch.testing.assert_close(loaded[k], (1 - mu) * received[k] + mu * local[k])
             for k in buffers:
                 assert torch.equal(loaded[k], received[k])
     # the divergence is measured from the state training started at to where it ended
-    last = run.executor.store.get(0).model
+    last = spy.trained[(3, 0)]
     d3 = rows[2]["per_client"]["0"]["fedema_divergence"]
     assert d3 == pytest.approx(divergence(spy.loaded[(3, 0)], last))

@@ -1,5 +1,6 @@
 """A run killed with SIGKILL after round 2 of 5 and resumed ends exactly like an
-uninterrupted run: identical metrics rows and identical final weights."""
+uninterrupted run: identical metrics rows, per-client rows, ledger rows and identical
+final weights."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from conftest import tiny_recipe
 from safetensors.torch import load_file
 
-from fedkit.rundir import read_metrics
+from fedkit.rundir import read_clients, read_ledger, read_metrics
 
 RECIPE = tiny_recipe(
     federation={"rounds": 5, "clients_per_round": 2},
@@ -66,11 +67,13 @@ def test_sigkill_after_round_two_then_resume_matches(write_recipe, tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {killed} after round {stopped_at}" in resumed.stdout.replace("\n", "")
     assert read_metrics(killed) == read_metrics(full)
+    assert read_clients(killed) == read_clients(full)
+    assert [r["round"] for r in read_clients(full)] == [1, 2, 3, 4, 5]
     a, b = final_pool(full), final_pool(killed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((killed / "ledger.json").read_text()) == json.loads(
-        (full / "ledger.json").read_text()
-    )
+    ledger = read_ledger(full)
+    assert read_ledger(killed) == ledger
+    assert len(ledger) == 5 * 2  # one row per round and sampled client, none twice
 
 
 def test_resume_needs_a_run_directory(tmp_path):

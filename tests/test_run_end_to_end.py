@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from fedkit.cli import app
-from fedkit.rundir import read_metrics
+from fedkit.rundir import read_clients, read_ledger, read_metrics
 
 runner = CliRunner()
 
@@ -31,12 +31,16 @@ def test_fedavg_learns_and_writes_run_directory(write_recipe, tmp_path):
     assert [r["round"] for r in rows] == [1, 2, 3, 4]
     assert rows[-1]["test_accuracy"] > 0.3  # 10 classes: chance is 0.1
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
-    for name in ("recipe.yaml", "partition.json", "ledger.json", "summary.json"):
+    logs = ("metrics.jsonl", "clients.jsonl", "ledger.jsonl", "failures.jsonl")
+    for name in ("recipe.yaml", "partition.json", "summary.json", *logs):
         assert (out / name).is_file()
+    assert [r["round"] for r in read_clients(out)] == [1, 2, 3, 4]
+    assert not any("per_client" in r or "clusters" in r for r in rows)  # in clients.jsonl
     pointer = json.loads((out / "checkpoints" / "latest.json").read_text())
     folder = out / "checkpoints" / pointer["folder"]
     sidecar = json.loads((folder / "state.json").read_text())
     assert sidecar["round"] == 4 and set(sidecar["clients"]) == {"0", "1", "2"}
+    assert all((out / "clients" / name).is_file() for name in sidecar["clients"].values())
     assert "rng" in sidecar and "torch" in sidecar["rng"]
     assert any(k.startswith("0/encoder.") for k in load_file(folder / "pool.safetensors"))
 
@@ -46,7 +50,7 @@ def test_fedavg_ledger_matches_two_t_s(write_recipe, tmp_path):
     run_cli(write_recipe, out, federation={"rounds": 3})
     pool = load_file(next((out / "checkpoints").glob("round-*")) / "pool.safetensors")
     size = sum(v.numel() * v.element_size() for v in pool.values())
-    rows = json.loads((out / "ledger.json").read_text())
+    rows = read_ledger(out)
     per_client = {}
     for row in rows:
         per_client[row["client"]] = (
@@ -62,6 +66,7 @@ def test_same_seed_same_run_different_seed_different(write_recipe, tmp_path):
     run_cli(write_recipe, b)
     run_cli(write_recipe, c, seed=1)
     assert read_metrics(a) == read_metrics(b)
+    assert read_clients(a) == read_clients(b)  # per-client values, once in metrics rows
     assert read_metrics(a) != read_metrics(c)
     pa = load_file(next((a / "checkpoints").glob("round-*")) / "pool.safetensors")
     pb = load_file(next((b / "checkpoints").glob("round-*")) / "pool.safetensors")
@@ -73,7 +78,7 @@ def test_partial_participation_samples_clients(write_recipe, tmp_path):
     run_cli(write_recipe, out, data={"num_clients": 4}, federation={"clients_per_round": 2})
     rows = read_metrics(out)
     assert all(len(r["clients"]) == 2 for r in rows)
-    ledger = json.loads((out / "ledger.json").read_text())
+    ledger = read_ledger(out)
     assert {(r["round"], r["client"]) for r in ledger} == {
         (row["round"], c) for row in rows for c in row["clients"]
     }

@@ -25,7 +25,8 @@ from torch import nn
 from fedkit import hookimpl
 from fedkit.engine import run_round
 from fedkit.fit import Objective
-from fedkit.rundir import read_metrics
+from fedkit.rundir import read_clients, read_metrics
+from fedkit.state_store import read_memory
 from fedkit_plugins.scaffold import DELTA, GLOBAL, OWN
 
 A = {0: torch.diag(torch.tensor([1.0, 0.1])), 1: torch.diag(torch.tensor([0.1, 1.0]))}
@@ -150,6 +151,19 @@ def checkpoint_file(out, name: str) -> dict[str, torch.Tensor]:
     return load_file(out / "checkpoints" / pointer["folder"] / f"{name}.safetensors")
 
 
+def client_memories(out) -> dict[str, dict[str, torch.Tensor]]:
+    """What each client keeps, as of the newest checkpoint (one file per client, named in
+    its state.json), flattened to ``<client>/<model|tensors>/<key>``."""
+    pointer = json.loads((out / "checkpoints" / "latest.json").read_text())
+    state = json.loads((out / "checkpoints" / pointer["folder"] / "state.json").read_text())
+    flat = {}
+    for cid, name in state["clients"].items():
+        memory = read_memory(out / "clients" / name)
+        flat.update({f"{cid}/model/{k}": v for k, v in (memory.model or {}).items()})
+        flat.update({f"{cid}/tensors/{k}": v for k, v in memory.tensors.items()})
+    return flat
+
+
 def test_control_variates_survive_sigkill_and_resume(write_recipe, tmp_path):
     raw = tiny_recipe(
         plugins=["fedavg", "scaffold"],
@@ -174,7 +188,8 @@ def test_control_variates_survive_sigkill_and_resume(write_recipe, tmp_path):
     resumed = fedkit("run", "--resume", str(killed))
     assert resumed.returncode == 0, resumed.stderr
     assert read_metrics(killed) == read_metrics(full)
-    for name in ("pool", "clients"):
-        a, b = checkpoint_file(full, name), checkpoint_file(killed, name)
+    assert read_clients(killed) == read_clients(full)  # per-client values, once in metrics
+    pools = checkpoint_file(full, "pool"), checkpoint_file(killed, "pool")
+    for a, b in (pools, (client_memories(full), client_memories(killed))):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
         assert any("scaffold.c." in k or "/tensors/c." in k for k in a)

@@ -82,6 +82,7 @@ def test_fedbyol_uploads_online_and_predictor_replaces_them_and_keeps_target():
     shared = [k for k in template if not k.startswith(TARGET)]
     targets = [k for k in template if k.startswith(TARGET)]
     assert part(template, "predictor.") and targets
+    assert all(set(kept[cid]) == set(targets) for cid in range(3))  # keeps its target only
     for up in spy.uploads[1]:
         assert set(up.tensors) == set(shared)
     assert set(run.server.pool[0]) == set(shared)
@@ -91,16 +92,17 @@ def test_fedbyol_uploads_online_and_predictor_replaces_them_and_keeps_target():
             assert torch.equal(first["target_" + k], first[k])  # first participation: copy
         assert same(second, spy.received[(2, cid)], shared)  # online + predictor replaced
         assert same(second, kept[cid], targets)  # the client's own target, as it left round 1
-        assert not same(second, kept[cid], part(second, "encoder."))
+        assert same(spy.trained[(1, cid)], kept[cid], targets)
+        assert not same(second, spy.trained[(1, cid)], part(second, "encoder."))
 
 
 def test_global_model_is_the_weighted_mean_of_the_clients_models():
-    run = prepared(ssl_recipe("fedbyol", rounds=1))
+    run, spy = spied(ssl_recipe("fedbyol", rounds=1))
     rounds(run, 1)
     clients = run.executor.clients
     weights = torch.tensor([float(len(clients[cid].train)) for cid in sorted(clients)])
     for k in ("encoder.conv1.0.weight", "predictor.0.weight"):
-        stacked = torch.stack([kept_model(run, cid)[k] for cid in sorted(clients)])
+        stacked = torch.stack([spy.trained[(1, cid)][k] for cid in sorted(clients)])
         expected = torch.einsum("c,c...->...", weights / weights.sum(), stacked)
         torch.testing.assert_close(run.server.pool[0][k], expected)
 
@@ -108,16 +110,18 @@ def test_global_model_is_the_weighted_mean_of_the_clients_models():
 def test_fedbyol_target_is_an_ema_of_the_online_network():
     raw = ssl_recipe("fedbyol", rounds=1)
     raw["federation"].update(batch_size=64, local_epochs=1)
-    run = prepared(raw)
+    run, spy = spied(raw)
     before = run.server.template.state_dict()
     rounds(run, 1)
-    after = kept_model(run, 0)
+    after = spy.trained[(1, 0)]
     assert len(run.executor.clients[0].train) <= 64  # one optimiser step: one EMA update
     params = {n for n, _ in run.server.template.named_parameters()}
-    for k in part(after, "encoder.") + part(after, "projector."):
-        if k in params:
-            expected = 0.99 * before[k] + 0.01 * after[k]
-            torch.testing.assert_close(after["target_" + k], expected)
+    checked = [k for k in part(after, "encoder.") + part(after, "projector.") if k in params]
+    assert checked
+    for k in checked:
+        expected = 0.99 * before[k] + 0.01 * after[k]
+        torch.testing.assert_close(after["target_" + k], expected)
+        assert torch.equal(kept_model(run, 0)["target_" + k], after["target_" + k])  # kept
 
 
 def test_fedu_ledger_counts_zero_target_bytes():
@@ -139,9 +143,11 @@ def test_fedu_upload_target_sends_target_values_under_online_keys():
     run, spy = spied(ssl_recipe(("fedu", {"upload": "target"}), rounds=1))
     rounds(run, 1)
     for up in spy.uploads[1]:
-        kept = kept_model(run, up.client)
-        for k in part(kept, "encoder.") + part(kept, "projector."):
-            assert torch.equal(up.tensors[k], kept["target_" + k])
+        trained = spy.trained[(1, up.client)]
+        online = part(trained, "encoder.") + part(trained, "projector.")
+        assert online
+        for k in online:
+            assert torch.equal(up.tensors[k], trained["target_" + k])
         assert not any(k.startswith(TARGET) for k in up.tensors)
 
 
@@ -154,11 +160,15 @@ def test_fedu_update_modes_replace_what_they_name(update):
     assert math.isfinite(rounds_2["train_loss"])
     for cid in range(3):
         loaded, got = spy.loaded[(2, cid)], spy.received[(2, cid)]
+        trained = spy.trained[(1, cid)]  # the client's full state as it left round 1
         online = part(loaded, "encoder.") + part(loaded, "projector.")
         target_from_global = all(torch.equal(loaded["target_" + k], got[k]) for k in online)
         online_from_global = same(loaded, got, online)
         assert online_from_global == (update in ("online", "both"))
-        assert same(loaded, kept[cid], online) == (update == "target")
+        assert same(loaded, trained, online) == (update == "target")
+        # only update: target needs the client's own online network kept between rounds
+        kept_online = [k for k in online if k in kept[cid]]
+        assert kept_online == (online if update == "target" else [])
         assert target_from_global == (update in ("target", "both"))
         targets = ["target_" + k for k in online]
         assert same(loaded, kept[cid], targets) == (update == "online")
@@ -267,6 +277,7 @@ def test_single_client_round_two_starts_from_its_own_round_one_model():
     kept = {cid: kept_model(run, cid) for cid in range(3)}
     run_round(run, 2)
     for cid in range(3):
+        assert set(kept[cid]) == set(run.server.template.state_dict())  # every key is private
         assert same(spy.loaded[(2, cid)], kept[cid], kept[cid])
 
 
@@ -293,10 +304,25 @@ def test_fedkit_eval_reproduces_the_runs_knn_and_scores_clients_and_transfer(tmp
         return json.loads(result.output.strip().splitlines()[-1])
 
     assert evaluate("--protocol", "knn")["knn_accuracy"] == final["knn_accuracy"]
-    assert 0 <= evaluate("--protocol", "knn", "--client", "1")["knn_accuracy"] <= 1
+    # fedsimsiam clients keep nothing between rounds: a client's personal encoder is the
+    # global one, so it scores the same; a client that never trained is an error
+    assert evaluate("--protocol", "knn", "--client", "1")["knn_accuracy"] == final["knn_accuracy"]
+    never = cli.invoke(app, ["eval", str(out), "--protocol", "knn", "--client", "99"])
+    assert never.exit_code == 2 and "client 99 has not trained" in never.output
     semi = evaluate("--protocol", "semi", "--set", "evaluation.semi_epochs=1")
     assert set(semi) == {"dataset", "protocol", "semi_accuracy_1", "semi_accuracy_10"}
     transfer = evaluate("--protocol", "linear", "--dataset", "digits", "--set", "data.image_size=8")
     assert transfer["dataset"] == "digits" and 0 <= transfer["linear_accuracy"] <= 1
     assert cli.invoke(app, ["eval", str(out), "--protocol", "svm"]).exit_code == 2
     assert cli.invoke(app, ["eval", str(tmp_path / "nothing")]).exit_code == 2
+    # a client that keeps its encoder (single_client: every key private) is scored as the
+    # run scored it
+    own = ssl_recipe("fedsimsiam", "single_client", rounds=1)
+    own["evaluation"] = {"protocol": "knn", "every": 0, "personal": True}
+    own["data"]["max_test"] = 60
+    recipe.write_text(yaml.safe_dump(own))
+    out = tmp_path / "own"
+    assert cli.invoke(app, ["run", str(recipe), "--out", str(out)]).exit_code == 0
+    final = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    scored = evaluate("--protocol", "knn", "--client", "1")["knn_accuracy"]
+    assert scored == final["client_knn_accuracy"]["1"]

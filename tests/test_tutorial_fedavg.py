@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tutorials import TUTORIALS, run_tutorial, with_settings
 
-from fedkit.rundir import read_metrics
+from fedkit.rundir import read_ledger, read_metrics
 
 TINY = [
     "data.max_train=300",
@@ -28,7 +27,7 @@ def test_fedavg_tutorial(tmp_path: Path, monkeypatch) -> None:
     assert [args[0] for args, _ in done] == ["validate", "run", "run"]
     out = tmp_path / "runs" / "quickstart"
     assert [row["round"] for row in read_metrics(out)] == [1, 2]
-    rows = json.loads((out / "ledger.json").read_text())
+    rows = read_ledger(out)
     per_client = {}
     for row in rows:
         per_client.setdefault(row["client"], []).append(row["down_model"] + row["up_model"])

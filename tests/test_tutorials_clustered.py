@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from tutorials import run_tutorial, with_settings
 
+from fedkit.rundir import read_clients
+
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = ["ifca.md", "cpcfl.md"]
 TINY = [
@@ -49,4 +51,6 @@ def test_tutorial_commands_run(page: str, tmp_path: Path, monkeypatch: pytest.Mo
         if args[0] == "run":
             out = Path(args[args.index("--out") + 1])
             assert (out / "metrics.jsonl").is_file()
-            assert '"clusters"' in (out / "metrics.jsonl").read_text()
+            assert '"ari"' in (out / "metrics.jsonl").read_text()
+            identities = read_clients(out)  # every client is sampled: all 6 placed each round
+            assert identities and all(len(r["clusters"]) == 6 for r in identities)

@@ -10,7 +10,7 @@ import pytest
 from safetensors.torch import load_file
 from tutorials import TUTORIALS, run_tutorial, with_settings
 
-from fedkit.rundir import read_metrics
+from fedkit.rundir import read_ledger, read_metrics
 
 TINY = [
     "data.dataset=digits",
@@ -34,7 +34,9 @@ def shrunk(args: list[str]) -> list[str]:
 
 
 def ledger(out: Path) -> list[dict]:
-    return json.loads((out / "ledger.json").read_text())
+    rows = read_ledger(out)
+    assert rows, f"{out}: empty ledger.jsonl"
+    return rows
 
 
 def final_pool(out: Path) -> dict:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedkit.checkpoint import saved_part
+from fedkit.checkpoint import personal_state, saved_part
 from fedkit.checks import check_data
 from fedkit.data.datasets import load_splits
 from fedkit.engine import resolve_device
@@ -28,10 +28,16 @@ PROTOCOLS = ("knn", "linear", "semi")
 
 
 def saved_encoder(run_dir: Path, recipe: Recipe, client: int | None = None) -> nn.Module:
-    """The encoder of cluster 0 (or of ``client``) from the run's newest checkpoint."""
-    group, file = ("0", "pool") if client is None else (str(client), "clients")
+    """The encoder of cluster 0 from the run's newest checkpoint, or ``client``'s personal
+    one (its cluster's encoder with the keys it kept, as personalised evaluation uses)."""
+    if client is None:
+        state = saved_part(run_dir, "encoder")
+    else:
+        prefix = "encoder."
+        personal = personal_state(run_dir, client)
+        state = {k[len(prefix) :]: v for k, v in personal.items() if k.startswith(prefix)}
     encoder = create_backbone(recipe.backbone)
-    encoder.load_state_dict(saved_part(run_dir, "encoder", group, file))
+    encoder.load_state_dict(state)
     return encoder
 
 

@@ -1,0 +1,164 @@
+"""Scale: peak memory and checkpoint bytes against the number of clients, time per round
+with 1,000 and 10,000 clients, and Ray's speed-up on two cores.
+
+Each measured run is a fresh child process (``one``) that prints one JSON line: its peak
+RSS (``ru_maxrss``), the bytes its last checkpoint wrote (the checkpoint folder plus the
+client files of that round) and seconds per round. The parent runs the configurations
+side by side and prints a table.
+
+    OMP_NUM_THREADS=1 python benchmarks/scale.py memory --clients 10 1000
+    OMP_NUM_THREADS=1 python benchmarks/scale.py many --root ../shared/data/cifar10
+    python benchmarks/scale.py ray
+
+``memory``: FedAvg and FedU on digits (test_resnet, 16×16), 10 clients per round, 5
+rounds, disk store, 10 vs 1,000 clients. ``many``: FedAvg with 1,000 and 10,000 clients,
+100 per round, 5 rounds, on the CIFAR-10 subset (20,000 training images; digits has
+only 1,437, fewer than 10,000 clients). ``ray``: 4 clients per round of CPU-bound
+training, sequential with 1 and 2 threads against Ray with 2 workers × 1 thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from fedkit import rundir
+from fedkit.recipe import validate
+
+
+def recipe(args: argparse.Namespace) -> dict[str, Any]:
+    plugins = {
+        "fedavg": ["fedavg"],
+        "fedu": [{"fedu": {"projector_hidden": 64, "projection_dim": 32, "predictor_hidden": 64}}],
+    }[args.plugin]
+    data: dict[str, Any] = {"dataset": "digits", "image_size": 16, "local_test_size": 5}
+    if args.root:
+        data = {"dataset": "imagefolder", "root": args.root, "image_size": 16, "local_test_size": 5}
+    return {
+        "seed": 0,
+        "backbone": {"name": "test_resnet"},
+        "data": {**data, "num_clients": args.clients, "partition": {"name": "iid"}},
+        "federation": {
+            "rounds": args.rounds,
+            "clients_per_round": args.per_round,
+            "local_epochs": args.epochs,
+            "batch_size": 16,
+            "optimizer": {"name": "sgd", "lr": 0.05},
+        },
+        "plugins": plugins,
+        "evaluation": {"protocol": "none", "every": 0},
+        "engine": {"store": args.store, "executor": args.executor, "workers": args.workers},
+        "device": "cpu",
+    }
+
+
+def one(args: argparse.Namespace) -> None:
+    """A single measured run (child process): prints its figures as JSON."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out = Path(tempfile.mkdtemp(prefix="fedkit-scale-")) / "run"
+    run = rundir.start(validate(recipe(args)), out)
+    began = time.perf_counter()
+    rundir.execute(run, out)
+    seconds = time.perf_counter() - began
+    folder = (
+        out / "checkpoints" / json.loads((out / "checkpoints/latest.json").read_text())["folder"]
+    )
+    last = f".r{args.rounds:06d}.safetensors"
+    written = sum(p.stat().st_size for p in folder.iterdir())
+    written += sum(p.stat().st_size for p in (out / "clients").glob(f"*{last}"))
+    print(
+        json.dumps(
+            {
+                "plugin": args.plugin,
+                "clients": args.clients,
+                "executor": args.executor,
+                "threads": args.threads,
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "checkpoint_bytes": written,
+                "seconds_per_round": seconds / args.rounds,
+            }
+        )
+    )
+
+
+def child(**changes: Any) -> dict[str, Any]:
+    argv = [sys.executable, __file__, "one"]
+    for key, value in changes.items():
+        if value is not None:
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(changes.get("threads", 1))}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def memory(args: argparse.Namespace) -> None:
+    print("| plugin | clients | peak RSS MB | checkpoint bytes | s/round |")
+    print("|---|---|---|---|---|")
+    for plugin in ("fedavg", "fedu"):
+        rows = [child(plugin=plugin, clients=n, store="disk") for n in args.clients]
+        for r in rows:
+            print(
+                f"| {plugin} | {r['clients']} | {r['peak_rss_mb']:.0f} | "
+                f"{r['checkpoint_bytes']} | {r['seconds_per_round']:.2f} |"
+            )
+        first, last = rows[0], rows[-1]
+        print(
+            f"| {plugin} ratio {last['clients']}/{first['clients']} | | "
+            f"{last['peak_rss_mb'] / first['peak_rss_mb']:.2f} | "
+            f"{last['checkpoint_bytes'] / first['checkpoint_bytes']:.2f} | |"
+        )
+
+
+def many(args: argparse.Namespace) -> None:
+    print("| clients | per round | peak RSS MB | s/round |")
+    print("|---|---|---|---|")
+    for n in (1000, 10000):
+        r = child(clients=n, per_round=100, root=args.root, store="disk", rounds=5)
+        print(f"| {n} | 100 | {r['peak_rss_mb']:.0f} | {r['seconds_per_round']:.2f} |")
+
+
+def ray_speed(args: argparse.Namespace) -> None:
+    common = {"clients": 4, "per_round": 4, "rounds": 3, "epochs": 4}
+    seq1 = child(**common, threads=1)
+    seq2 = child(**common, threads=2)
+    ray2 = child(**common, threads=1, executor="ray", workers=2)
+    print("| executor | threads | s/round | speed-up vs sequential, 1 thread |")
+    print("|---|---|---|---|")
+    for name, r in (("sequential", seq1), ("sequential", seq2), ("ray, 2 workers", ray2)):
+        speed = seq1["seconds_per_round"] / r["seconds_per_round"]
+        print(f"| {name} | {r['threads']} | {r['seconds_per_round']:.2f} | {speed:.2f}× |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["one", "memory", "many", "ray"])
+    parser.add_argument("--plugin", default="fedavg", choices=["fedavg", "fedu"])
+    parser.add_argument("--clients", type=int, nargs="+", default=[10, 1000])
+    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--store", default="auto", choices=["auto", "memory", "disk"])
+    parser.add_argument("--executor", default="sequential")
+    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--root", default=None, help="an ImageFolder data set instead of digits")
+    args = parser.parse_args()
+    if args.what == "one":
+        args.clients = args.clients[0]
+        one(args)
+    else:
+        {"memory": memory, "many": many, "ray": ray_speed}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Executors: Ray gives the same numbers as the sequential executor, replaces a worker
+that dies and retries its client, abandons a client past its deadline; runs killed with
+SIGKILL at seeded random moments (on Ray, and with the disk store) resume to exactly the
+same results as uninterrupted ones."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_recipe
+from test_resume import checkpoint_round, fedkit
+from test_ssl_plugins import ssl_recipe
+
+from fedkit import checkpoint, rundir
+from fedkit.engine import prepare, run_round
+from fedkit.faults import draw
+from fedkit.recipe import validate
+from fedkit.seeding import derive
+
+ray = pytest.importorskip(
+    "ray", reason="the ray extra is not installed (pip install 'fedkit[ray]')"
+)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A small local Ray cluster for this module (2 CPUs, no dashboard), shut down after."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def run_all(raw, executor: str):
+    raw = {**raw, "engine": {**raw.get("engine", {}), "executor": executor, "workers": 2}}
+    run = prepare(validate(raw))
+    try:
+        rows = [run_round(run, r) for r in range(1, run.recipe.federation.rounds + 1)]
+        return rows, [dict(s) for s in run.server.pool]
+    finally:
+        run.close()
+
+
+def same_pools(a, b) -> bool:
+    return all(
+        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+RECIPES = {
+    "fedavg": tiny_recipe(federation={"rounds": 2, "clients_per_round": 3}),
+    "fedu+dapu": ssl_recipe("fedu", ("dapu", {"mu": 0.05}), rounds=2),
+    "ifca": tiny_recipe(plugins=[{"ifca": {"num_clusters": 2}}], data={"num_clients": 4}),
+}
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_ray_gives_the_same_metrics_as_sequential(ray_cluster, name):
+    seq_rows, seq_pool = run_all(RECIPES[name], "sequential")
+    ray_rows, ray_pool = run_all(RECIPES[name], "ray")
+    assert ray_rows == seq_rows
+    assert same_pools(ray_pool, seq_pool)
+
+
+def exactly_one(clients: int) -> float:
+    """A fault probability that makes exactly one of round 1's clients meet the fault
+    (the draw is seeded by (seed, round, client), so this is known in advance)."""
+    draws = sorted(np.random.default_rng(derive(0, "fault", 1, c)).random() for c in range(clients))
+    return (draws[0] + draws[1]) / 2
+
+
+def test_a_dead_worker_is_replaced_and_its_client_retried(ray_cluster):
+    raw = tiny_recipe(
+        federation={"rounds": 1, "clients_per_round": 3}, faults={"crash": exactly_one(3)}
+    )
+    assert sum(draw(validate(raw).faults, 0, 1, c) == "crash" for c in range(3)) == 1
+    crashed_rows, crashed_pool = run_all(raw, "ray")
+    plain_rows, plain_pool = run_all({**raw, "faults": {}}, "sequential")
+    assert crashed_rows == plain_rows  # the crashed client was retried and answered
+    assert same_pools(crashed_pool, plain_pool)
+
+
+def test_a_client_past_its_deadline_is_abandoned(ray_cluster):
+    raw = tiny_recipe(
+        data={"num_clients": 4},
+        federation={"rounds": 1, "clients_per_round": 4, "client_timeout": 20.0},
+        faults={"straggler": exactly_one(4), "delay": 60.0},
+    )
+    began = time.monotonic()
+    rows, pool = run_all(raw, "ray")
+    failures = rows[0].get("failures", {})
+    assert len(failures) == 1 and all("client_timeout" in e for e in failures.values())
+    assert len(rows[0]["per_client"]) + len(failures) == 4
+    assert time.monotonic() - began < 55  # nobody waited for the stragglers
+    assert all(bool(torch.isfinite(v).all()) for v in pool[0].values() if v.is_floating_point())
+
+
+def kill_and_resume(path, out, seed: int, rounds: int, kills: int = 5) -> list[int]:
+    """Start the run and SIGKILL it ``kills`` times at seeded random moments — once the
+    checkpoint reached a random round, plus a random fraction of a second, so kills land
+    mid-round and mid-checkpoint — resuming after each; then let it finish. Returns the
+    checkpointed round at each kill."""
+    rng = np.random.default_rng(seed)
+    targets, delays = sorted(rng.integers(0, rounds, kills).tolist()), rng.uniform(0, 0.6, kills)
+    proc = fedkit("run", str(path), "--out", str(out), wait=False)
+    killed_at = []
+    for target, delay in zip(targets, delays, strict=True):
+        deadline = time.monotonic() + 300
+        while checkpoint_round(out) < target and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(float(delay))
+        if proc.poll() is not None:
+            break
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        killed_at.append(checkpoint_round(out))
+        if (out / "recipe.yaml").is_file():
+            proc = fedkit("run", "--resume", str(out), wait=False)
+        else:  # killed before the run directory existed: start it again
+            proc = fedkit("run", str(path), "--out", str(out), wait=False)
+    assert proc.wait(timeout=600) == 0
+    return killed_at
+
+
+@pytest.mark.parametrize("mode", ["disk", "ray"])
+def test_sigkill_at_random_moments_then_resume_matches(write_recipe, tmp_path, mode):
+    raw = tiny_recipe(
+        data={"num_clients": 5, "max_train": 200},
+        federation={"rounds": 6, "clients_per_round": 3},
+        engine={"store": "disk"} if mode == "disk" else {"executor": "ray", "workers": 2},
+    )
+    path = write_recipe(raw)
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    assert fedkit("run", str(path), "--out", str(full)).returncode == 0
+    killed_at = kill_and_resume(path, killed, seed=7, rounds=6)
+    assert len(killed_at) >= 3 and max(killed_at) >= 2  # kills hit the run mid-way
+    assert checkpoint_round(killed) == 6
+    for read in (rundir.read_metrics, rundir.read_clients, rundir.read_ledger):
+        assert read(killed) == read(full)
+    a, b = (checkpoint.read(out).pool for out in (full, killed))
+    assert a.keys() == b.keys() and all(same_pools([a[k]], [b[k]]) for k in a)
