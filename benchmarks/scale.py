@@ -7,14 +7,17 @@ client files of that round) and seconds per round. The parent runs the configura
 side by side and prints a table.
 
     OMP_NUM_THREADS=1 python benchmarks/scale.py memory --clients 10 1000
+    OMP_NUM_THREADS=1 python benchmarks/scale.py everyone
     OMP_NUM_THREADS=1 python benchmarks/scale.py many --root ../shared/data/cifar10
     python benchmarks/scale.py ray
 
 ``memory``: FedAvg and FedU on digits (test_resnet, 16×16), 10 clients per round, 5
-rounds, disk store, 10 vs 1,000 clients. ``many``: FedAvg with 1,000 and 10,000 clients,
-100 per round, 5 rounds, on the CIFAR-10 subset (20,000 training images; digits has
-only 1,437, fewer than 10,000 clients). ``ray``: 4 clients per round of CPU-bound
-training, sequential with 1 and 2 threads against Ray with 2 workers × 1 thread.
+rounds, disk and memory stores, 10 vs 1,000 clients. ``everyone``: FedU with every
+client in every round, 50 vs 200 clients, memory against disk store. ``many``: FedAvg
+with 1,000 and 10,000 clients, 100 per round, 5 rounds, on the CIFAR-10 subset (20,000
+training images; digits has only 1,437, fewer than 10,000 clients). ``ray``: 4 clients
+per round of CPU-bound training, sequential with 1 and 2 threads against Ray with 2
+workers × 1 thread.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fedkit import rundir
+from fedkit.engine import SilentReporter
 from fedkit.recipe import validate
 
 
@@ -60,6 +65,20 @@ def recipe(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+class RoundClock(SilentReporter):
+    """Wall time of each round (the first one also pays for starting workers)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.started = 0.0
+
+    def round_started(self, round: int, clients: list[int]) -> None:
+        self.started = time.perf_counter()
+
+    def round_done(self, round: int, metrics: dict[str, Any]) -> None:
+        self.times.append(time.perf_counter() - self.started)
+
+
 def one(args: argparse.Namespace) -> None:
     """A single measured run (child process): prints its figures as JSON."""
     import torch
@@ -67,8 +86,9 @@ def one(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     out = Path(tempfile.mkdtemp(prefix="fedkit-scale-")) / "run"
     run = rundir.start(validate(recipe(args)), out)
+    clock = RoundClock()
     began = time.perf_counter()
-    rundir.execute(run, out)
+    rundir.execute(run, out, reporter=clock)
     seconds = time.perf_counter() - began
     folder = (
         out / "checkpoints" / json.loads((out / "checkpoints/latest.json").read_text())["folder"]
@@ -86,6 +106,7 @@ def one(args: argparse.Namespace) -> None:
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "checkpoint_bytes": written,
                 "seconds_per_round": seconds / args.rounds,
+                "steady_seconds_per_round": statistics.median(clock.times[1:] or clock.times),
             }
         )
     )
@@ -102,21 +123,43 @@ def child(**changes: Any) -> dict[str, Any]:
 
 
 def memory(args: argparse.Namespace) -> None:
-    print("| plugin | clients | peak RSS MB | checkpoint bytes | s/round |")
-    print("|---|---|---|---|---|")
+    print("| plugin | store | clients | peak RSS MB | checkpoint bytes | s/round |")
+    print("|---|---|---|---|---|---|")
     for plugin in ("fedavg", "fedu"):
-        rows = [child(plugin=plugin, clients=n, store="disk") for n in args.clients]
+        for store in ("disk", "memory"):
+            rows = [child(plugin=plugin, clients=n, store=store) for n in args.clients]
+            for r in rows:
+                print(
+                    f"| {plugin} | {store} | {r['clients']} | {r['peak_rss_mb']:.0f} | "
+                    f"{r['checkpoint_bytes']:,} | {r['seconds_per_round']:.2f} |",
+                    flush=True,
+                )
+            first, last = rows[0], rows[-1]
+            print(
+                f"| {plugin} | {store} | ratio {last['clients']}/{first['clients']} | "
+                f"{last['peak_rss_mb'] / first['peak_rss_mb']:.2f} | "
+                f"{last['checkpoint_bytes'] / first['checkpoint_bytes']:.2f} | |",
+                flush=True,
+            )
+
+
+def everyone(args: argparse.Namespace) -> None:
+    """FedU with every client in every round (the growth the issue measured), 50 vs 200
+    clients, memory store against disk store."""
+    print("| store | clients (all per round) | peak RSS MB | checkpoint bytes | s/round |")
+    print("|---|---|---|---|---|")
+    for store in ("memory", "disk"):
+        rows = [
+            child(plugin="fedu", clients=n, per_round=n, rounds=2, store=store) for n in (50, 200)
+        ]
         for r in rows:
             print(
-                f"| {plugin} | {r['clients']} | {r['peak_rss_mb']:.0f} | "
-                f"{r['checkpoint_bytes']} | {r['seconds_per_round']:.2f} |"
+                f"| {store} | {r['clients']} | {r['peak_rss_mb']:.0f} | "
+                f"{r['checkpoint_bytes']:,} | {r['seconds_per_round']:.2f} |",
+                flush=True,
             )
-        first, last = rows[0], rows[-1]
-        print(
-            f"| {plugin} ratio {last['clients']}/{first['clients']} | | "
-            f"{last['peak_rss_mb'] / first['peak_rss_mb']:.2f} | "
-            f"{last['checkpoint_bytes'] / first['checkpoint_bytes']:.2f} | |"
-        )
+        ratio = rows[1]["peak_rss_mb"] / rows[0]["peak_rss_mb"]
+        print(f"| {store} | ratio 200/50 | {ratio:.2f} | | |")
 
 
 def many(args: argparse.Namespace) -> None:
@@ -128,20 +171,23 @@ def many(args: argparse.Namespace) -> None:
 
 
 def ray_speed(args: argparse.Namespace) -> None:
-    common = {"clients": 4, "per_round": 4, "rounds": 3, "epochs": 4}
+    common = {"clients": 4, "per_round": 4, "rounds": 5, "epochs": 4}
     seq1 = child(**common, threads=1)
     seq2 = child(**common, threads=2)
     ray2 = child(**common, threads=1, executor="ray", workers=2)
-    print("| executor | threads | s/round | speed-up vs sequential, 1 thread |")
-    print("|---|---|---|---|")
+    print("| executor | threads | s/round (rounds 2+) | speed-up | s/round incl. start |")
+    print("|---|---|---|---|---|")
     for name, r in (("sequential", seq1), ("sequential", seq2), ("ray, 2 workers", ray2)):
-        speed = seq1["seconds_per_round"] / r["seconds_per_round"]
-        print(f"| {name} | {r['threads']} | {r['seconds_per_round']:.2f} | {speed:.2f}× |")
+        speed = seq1["steady_seconds_per_round"] / r["steady_seconds_per_round"]
+        print(
+            f"| {name} | {r['threads']} | {r['steady_seconds_per_round']:.2f} | {speed:.2f}× | "
+            f"{r['seconds_per_round']:.2f} |"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["one", "memory", "many", "ray"])
+    parser.add_argument("what", choices=["one", "memory", "everyone", "many", "ray"])
     parser.add_argument("--plugin", default="fedavg", choices=["fedavg", "fedu"])
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 1000])
     parser.add_argument("--per-round", type=int, default=10)
@@ -157,7 +203,7 @@ def main() -> None:
         args.clients = args.clients[0]
         one(args)
     else:
-        {"memory": memory, "many": many, "ray": ray_speed}[args.what](args)
+        {"memory": memory, "everyone": everyone, "many": many, "ray": ray_speed}[args.what](args)
 
 
 if __name__ == "__main__":
