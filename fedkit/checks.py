@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from fedkit.data.datasets import check_dataset_name
 from fedkit.data.partition import partitioner
 from fedkit.errors import RecipeError
-from fedkit.models.backbones import check_backbone_name
+from fedkit.models.backbones import check_backbone_name, create_backbone
 from fedkit.plugins import Plugins
 from fedkit.recipe import Recipe
 
@@ -32,6 +34,22 @@ def check_data(recipe: Recipe) -> None:
     partitioner(data)
 
 
+def check_input_size(recipe: Recipe) -> None:
+    """The backbone must take images of ``data.image_size`` (a 1×1 image fails most)."""
+    size = recipe.data.image_size
+    encoder = create_backbone(recipe.backbone).eval()
+    try:
+        with torch.no_grad():
+            encoder(torch.zeros(1, 3, size, size))
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise RecipeError(
+            "data.image_size",
+            f"a size backbone {recipe.backbone.name} can take (at {size}×{size}: {first})",
+            size,
+        ) from None
+
+
 def check_recipe(recipe: Recipe) -> Plugins:
     """Every check that needs no training; returns the activated plugins."""
     fed = recipe.federation
@@ -44,5 +62,6 @@ def check_recipe(recipe: Recipe) -> Plugins:
     if not recipe.plugins:
         raise RecipeError("plugins", "at least one plugin (see `fedkit plugins`)", [])
     check_backbone_name(recipe.backbone.name)
+    check_input_size(recipe)
     check_data(recipe)
     return Plugins(recipe)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,6 +18,7 @@ from fedkit import recipes, rundir
 from fedkit.checks import check_recipe
 from fedkit.data.summary import partition_table, render_partition
 from fedkit.errors import FedkitError, PluginError, RecipeError
+from fedkit.lock import LOCK, RunLock
 from fedkit.plugins import Plugins
 from fedkit.recipe import Recipe, load_recipe
 from fedkit.report import RichReporter, summary_table
@@ -31,13 +33,35 @@ console = Console()
 errors = Console(stderr=True)
 
 
+ADVICE = {
+    errno.ENOSPC: "free some space or choose another --out",
+    errno.EROFS: "the file system is read-only: choose another --out",
+    errno.EACCES: "no permission: choose a directory you can write to",
+    errno.EPERM: "no permission: choose a directory you can write to",
+    errno.ENOTDIR: "a part of this path is a file, not a directory",
+    errno.EISDIR: "this path is a directory, a file was expected",
+    errno.ENOENT: "it does not exist",
+}
+
+
+def os_message(exc: OSError) -> str:
+    """One line for an operating-system error: the path, what happened, what to do."""
+    where = exc.filename or "a file"
+    advice = ADVICE.get(exc.errno or 0, "check the path and try again")
+    return f"{where}: {exc.strerror or exc} — {advice}"
+
+
 @contextlib.contextmanager
 def friendly_errors() -> Iterator[None]:
-    """Bad input → message and exit code 2; a plugin's exception → named, exit code 1."""
+    """Bad input or a refusing machine → one message and exit code 2; a plugin's
+    exception → named, exit code 1."""
     try:
         yield
     except FedkitError as exc:
         errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        errors.print(f"[bold red]error:[/] {os_message(exc)}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except PluginError as exc:
         errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
@@ -88,35 +112,83 @@ def run(
     workers: Annotated[int | None, typer.Option(help="Ray actors (engine.workers).")] = None,
 ) -> None:
     """Run a recipe (or resume a run) and write its run directory."""
-    set_ = [*(set_ or []), *engine_settings(executor, workers)]
+    engine = engine_settings(executor, workers)
     with friendly_errors():
         if resume is not None:
-            if recipe is not None or set_:
+            if recipe is not None or out is not None or engine:
                 raise FedkitError(
-                    "--resume takes the run directory only (no recipe, no --set, no --executor)"
+                    "--resume takes the run directory, and --set only for federation.rounds "
+                    "or evaluation.* (no recipe, no --out, no --executor)"
                 )
-            the_run, done = rundir.resume(resume)
             out = resume
-            console.print(f"resuming {resume} after round {done}")
         else:
             if recipe is None:
                 raise FedkitError("give a recipe (file or shipped name) or --resume DIR")
             path = recipes.resolve(recipe)
-            parsed, _ = load_checked(path, set_ or [])
+            parsed, _ = load_checked(path, [*(set_ or []), *engine])
             out = out or rundir.default_out(path.stem)
-            with naming_file(path):
-                the_run, done = rundir.start(parsed, out), 0
-            data = the_run.server.data
-            console.print(render_partition(partition_table(data), data.train.classes))
-        for name in the_run.plugins.uploads_data_derived():
-            errors.print(
-                f"[yellow]warning:[/] plugin {name!r} uploads data-derived tensors "
-                "(features or statistics of client data); the ledger counts them"
-            )
-        rounds = the_run.recipe.federation.rounds
-        with RichReporter(console, rounds, done) as reporter:
-            summary = rundir.execute(the_run, out, done, reporter)
+        fresh = not out.exists()
+        with RunLock(out), interrupted(out), tidy(out, fresh):
+            if resume is not None:
+                the_run, done = rundir.resume(resume, set_ or [])
+                for note in the_run.notes:
+                    errors.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+                console.print(f"resuming {resume} after round {done}")
+            else:
+                with naming_file(path):
+                    the_run, done = rundir.start(parsed, out), 0
+                data = the_run.server.data
+                console.print(render_partition(partition_table(data), data.train.classes))
+            warn_about(the_run)
+            rounds = the_run.recipe.federation.rounds
+            with RichReporter(console, rounds, done) as reporter:
+                summary = rundir.execute(the_run, out, done, reporter)
         console.print(summary_table(summary, str(out)))
+
+
+def warn_about(the_run: Any) -> None:
+    """Warnings a user should see before the rounds start."""
+    for name in the_run.plugins.uploads_data_derived():
+        errors.print(
+            f"[yellow]warning:[/] plugin {name!r} uploads data-derived tensors "
+            "(features or statistics of client data); the ledger counts them"
+        )
+    empty = [c.id for c in the_run.server.roster if c.num_samples == 0]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (", …" if len(empty) > 10 else "")
+        errors.print(
+            f"[yellow]warning:[/] {len(empty)} of {len(the_run.server.roster)} clients hold "
+            f"no training data and are never sampled (clients {shown})",
+            soft_wrap=True,
+        )
+
+
+@contextlib.contextmanager
+def tidy(out: Path, fresh: bool) -> Iterator[None]:
+    """A run that fails before it starts leaves nothing behind in a directory it created."""
+    try:
+        yield
+    except BaseException:
+        if fresh and out.is_dir() and not (out / rundir.RECIPE).exists():
+            (out / LOCK).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+
+
+@contextlib.contextmanager
+def interrupted(out: Path) -> Iterator[None]:
+    """Ctrl-C: say how to continue, exit 130 (the run directory keeps its last checkpoint)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        errors.print(
+            f"interrupted; {out} keeps its last checkpoint — continue with: "
+            f"fedkit run --resume {out}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
 
 
 @app.command()
@@ -149,6 +221,9 @@ def eval_(
     from fedkit.evaluation.offline import evaluate_run
 
     with friendly_errors():
+        note = rundir.describe_state(run_dir)
+        if note is not None:
+            errors.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
         metrics = evaluate_run(
             run_dir, protocol, dataset=dataset, root=root, overrides=set_ or [], client=client
         )

@@ -5,7 +5,7 @@ process_upload; server side again: aggregate → server_update → round_end →
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,6 +56,7 @@ class Run:
     plugins: Plugins
     server: Server
     executor: Executor
+    notes: list[str] = field(default_factory=list)
 
     def close(self) -> None:
         """Release the executor (a Ray cluster this run started, worker actors)."""
@@ -90,6 +91,15 @@ def prepare(
     device = resolve_device(recipe.device)
     data = build_federated_data(recipe.data, recipe.seed)
     server = Server(recipe, data, device)
+    holding = eligible(server)
+    if holding is not None and len(holding) < recipe.federation.clients_per_round:
+        raise RecipeError(
+            "federation.clients_per_round",
+            f"at most {len(holding)}: the partition leaves {len(server.roster) - len(holding)} "
+            f"of {len(server.roster)} clients without training data, and they are never sampled",
+            recipe.federation.clients_per_round,
+            hint=" (use fewer clients, or a partition that gives each some data)",
+        )
     if snapshot is not None:
         server.state, server.tensors = snapshot.server_state, snapshot.server_tensors
     plugins.call("configure", recipe=recipe, server=server)
@@ -133,11 +143,19 @@ def kept_keys(plugins: Plugins, recipe: Recipe, server: Server) -> frozenset[str
     return server.private | frozenset(k for keys in declared for k in keys or ())
 
 
-def default_sample(recipe: Recipe, round: int) -> list[int]:
-    """The clients of a round, drawn uniformly from a generator seeded by (seed, round)."""
+def default_sample(recipe: Recipe, round: int, eligible: list[int] | None = None) -> list[int]:
+    """The clients of a round, drawn uniformly from a generator seeded by (seed, round),
+    among ``eligible`` ones (by default all; clients without training data are not)."""
     rng = np.random.default_rng(derive(recipe.seed, "sample", round))
-    n, k = recipe.data.num_clients, recipe.federation.clients_per_round
-    return sorted(rng.choice(n, size=k, replace=False).tolist())
+    k = recipe.federation.clients_per_round
+    pool = recipe.data.num_clients if eligible is None else np.asarray(eligible)
+    return sorted(int(c) for c in rng.choice(pool, size=k, replace=False))
+
+
+def eligible(server: Server) -> list[int] | None:
+    """Clients that hold training data, or ``None`` when every client does."""
+    holding = [c.id for c in server.roster if c.num_samples > 0]
+    return None if len(holding) == len(server.roster) else holding
 
 
 def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> dict[str, Any]:
@@ -192,17 +210,24 @@ def check_quorum(run: Run, results: list[ClientResult], failures: list[ClientRes
     if len(results) >= needed:
         return
     listed = "; ".join(f"client {f.client}: {f.failure}: {f.error}" for f in failures)
+    hint = ""
+    if failures and all(f.failure == "non-finite" for f in failures):
+        lr = run.recipe.federation.optimizer.lr
+        hint = (
+            " Every failure is a non-finite value: the usual cause is a learning rate too high "
+            f"for the model (federation.optimizer.lr = {lr:g})."
+        )
     raise RoundFailed(
         f"round {run.server.round}: {len(results)} of {len(results) + len(failures)} clients "
-        f"answered, below federation.min_clients ({needed}); {listed}. The run stopped; its "
-        "last checkpoint is intact (fedkit run --resume DIR continues from it)"
+        f"answered, below federation.min_clients ({needed}); {listed}.{hint} The run stopped; "
+        "its last checkpoint is intact (fedkit run --resume DIR continues from it)"
     )
 
 
 def checked_sample(run: Run, sampled: list[int] | None) -> list[int]:
     """The sampler's answer (or the default draw), checked: distinct known client ids."""
     if sampled is None:
-        return default_sample(run.recipe, run.server.round)
+        return default_sample(run.recipe, run.server.round, eligible(run.server))
     ids = sorted(int(c) for c in sampled)
     n = len(run.server.roster)
     if not ids or len(set(ids)) != len(ids) or ids[0] < 0 or ids[-1] >= n:
@@ -230,6 +255,11 @@ def update_cluster(run: Run, cluster: int, uploads: list[Upload]) -> dict[str, T
     dtype the cluster state had), then ``server_update`` claims on top."""
     server, plugins = run.server, run.plugins
     previous = server.pool[cluster]
+    if not any(u.weight > 0 for u in uploads):
+        raise RoundFailed(
+            f"round {server.round}: every client of cluster {cluster} holds no training data, "
+            "so there is nothing to average (a custom sample_clients chose only empty clients?)"
+        )
     claimed = plugins.claims("aggregate", server=server, cluster=cluster, uploads=uploads)
     state = dict(previous)
     for key in sorted({k for u in uploads for k in u.tensors} - set(claimed)):

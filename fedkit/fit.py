@@ -10,6 +10,7 @@ a gradient correction composes with any method whose training is an objective.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,12 @@ if TYPE_CHECKING:
     from fedkit.client import ClientContext
 
 Batch = tuple[Any, ...]
+
+
+class NonFiniteLoss(ArithmeticError):
+    """The loss of local training became NaN or infinite."""
+
+
 Terms = Callable[[nn.Module, Batch], dict[str, Tensor]]
 
 
@@ -84,7 +91,7 @@ def run_loop(
         model[part].eval()
     history: list[dict[str, float]] = []
     steps = 0
-    for _ in range(epochs):
+    for epoch in range(epochs):
         sums: dict[str, Tensor] = {}
         count = 0
         for batch in objective.batches():
@@ -104,7 +111,10 @@ def run_loop(
                 weighted = value.detach().to(torch.float64) * n
                 sums[name] = sums[name] + weighted if name in sums else weighted
             count += n
-        history.append({k: v.item() / max(count, 1) for k, v in sums.items()} or {"loss": 0.0})
+        means = {k: v.item() / max(count, 1) for k, v in sums.items()} or {"loss": 0.0}
+        if not math.isfinite(means["loss"]):
+            raise NonFiniteLoss(f"the training loss became {means['loss']} in epoch {epoch + 1}")
+        history.append(means)
     return LoopResult(history, steps)
 
 
@@ -128,13 +138,17 @@ def fit(ctx: ClientContext, model: nn.Module, objective: Objective) -> dict[str,
         def before(opt: torch.optim.Optimizer) -> None:
             plugins.call("before_step", ctx=ctx, model=model, optimizer=opt)
 
-    result = run_loop(
-        model,
-        objective,
-        optimizer,
-        objective.epochs or cfg.local_epochs,
-        terms=terms,
-        before_step=before,
-    )
+    try:
+        result = run_loop(
+            model,
+            objective,
+            optimizer,
+            objective.epochs or cfg.local_epochs,
+            terms=terms,
+            before_step=before,
+        )
+    except NonFiniteLoss as exc:
+        lr = optimizer.param_groups[0]["lr"]
+        raise NonFiniteLoss(f"{exc} (learning rate {lr:g}: too high for this model?)") from None
     ctx.steps += result.steps
     return result.last

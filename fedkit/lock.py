@@ -1,10 +1,10 @@
 """One writer per run directory: an advisory lock file holding the owner's pid.
 
 ``fedkit run`` (fresh or ``--resume``) holds ``run.lock`` in the run directory for as
-long as it runs, with ``fcntl.flock``: the kernel releases it when the process ends, a
-kill -9 included, so a stale file never blocks a resume. A second writer — another
-``fedkit run --out`` on the same directory, or a ``--resume`` of a live run — is refused
-with the owner's pid.
+long as it runs, with ``fcntl.flock``, and removes it when it ends; the kernel releases
+the lock of a killed process too, so a file left by a kill -9 never blocks a resume. A
+second writer — another ``fedkit run --out`` on the same directory, or a ``--resume`` of
+a live run — is refused with the owner's pid.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class RunLock:
         trace: TracebackType | None,
     ) -> None:
         if self.handle is not None:
+            self.path.unlink(missing_ok=True)  # while still held: no one else owns it now
             fcntl.flock(self.handle, fcntl.LOCK_UN)
             os.close(self.handle)
             self.handle = None

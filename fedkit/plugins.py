@@ -164,6 +164,8 @@ class Plugins:
             self.pm.register(obj, name=name)
             self._check_impls(obj, name)
         self.names = list(self.objects)
+        if side == hookspecs.SERVER:
+            self._check_shadowing()
         self.observers: list[Callable[[str, list[str], dict[str, Any]], None]] = []
         if os.environ.get("FEDKIT_TRACE_PLUGINS") == "1":
             self.observe(self._trace)
@@ -185,6 +187,23 @@ class Plugins:
                         "a wrapper",
                     )
                 impl.function = _guard(impl.function, name, caller.name)
+
+    def _check_shadowing(self) -> None:
+        """A firstresult hook answered by two plugins: the second never runs — an error,
+        unless the first declares it may pass (``defers = ("hook", ...)``)."""
+        for hook in hook_names():
+            if hook_kind(hook) != "firstresult":
+                continue
+            names = [n for n, o in self.objects.items() if hook in implemented_hooks(o)]
+            for first, second in zip(names, names[1:], strict=False):
+                if hook not in getattr(self.objects[first], "defers", ()):
+                    raise RecipeError(
+                        "plugins",
+                        f"one plugin answering {hook!r}: {first!r} answers it first, so "
+                        f"{second!r}'s {hook} would never run — remove one of them (a "
+                        f"plugin that passes some calls on declares defers = ({hook!r},))",
+                        [first, second],
+                    )
 
     def observe(self, observer: Callable[[str, list[str], dict[str, Any]], None]) -> None:
         """Call ``observer(hook, plugin_names, kwargs)`` before every hook call on this

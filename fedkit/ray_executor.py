@@ -77,10 +77,11 @@ class RayExecutor:
         workers = cfg.workers or max(1, int((os.cpu_count() or 1) // cfg.num_cpus))
         self.started = not ray.is_initialized()
         if self.started:
-            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            options: dict[str, Any] = {"log_to_driver": False}
             if cfg.address is not None:
                 options["address"] = cfg.address
             else:
+                options["include_dashboard"] = False
                 options["num_cpus"] = max(1, int(round(workers * cfg.num_cpus)))
                 options["num_gpus"] = int(round(workers * cfg.num_gpus + 0.4999))
             ray.init(**options)

@@ -152,6 +152,7 @@ class EngineConfig(Section):
     store: Literal["auto", "memory", "disk"] = "auto"
     memory_budget_mb: float = Field(1024.0, gt=0)
     cache: int = Field(64, gt=0)
+    keep_checkpoints: int = Field(2, ge=1)
 
 
 class FaultConfig(Section):
@@ -239,9 +240,20 @@ def _translate(error: ValidationError, file: str | None) -> RecipeError:
     return RecipeError(key, expected_from(first["msg"]), found, file=file)
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str, item: str | None = None, file: str | None = None) -> Any:
     """Parse one ``--set`` value with YAML rules (numbers, booleans, lists, null)."""
-    return yaml.safe_load(text) if text.strip() else ""
+    if not text.strip():
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = str(exc).splitlines()[0]
+        raise RecipeError(
+            "--set",
+            f"a YAML value after '=' ({problem}; quote text with special characters)",
+            item or text,
+            file=file,
+        ) from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | None = None) -> None:
@@ -261,10 +273,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | None 
                 where = ".".join(keys[: depth + 1])
                 raise RecipeError(where, "a section to set keys in", node, file=file)
         last = keys[-1]
+        parsed = parse_value(value, item, file)
         if isinstance(node, list):
-            node[_index(last, node, path, file)] = parse_value(value)
+            node[_index(last, node, path, file)] = parsed
         else:
-            node[last] = parse_value(value)
+            node[last] = parsed
 
 
 def _index(key: str, node: list, path: str, file: str | None) -> int:
@@ -281,6 +294,8 @@ def load_raw(path: str | Path) -> dict[str, Any]:
         raise RecipeError("(file)", "an existing recipe file", file)
     try:
         raw = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise RecipeError("(file)", "a text (YAML) file", "binary data", file=file) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -29,6 +29,8 @@ def describe(path: Path) -> str:
     """A recipe's one-line description (its ``description`` key)."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
+    except UnicodeDecodeError:
+        return "(not a text file)"
     except yaml.YAMLError:
         return "(not valid YAML)"
     return (

@@ -38,12 +38,13 @@ def memory_file(client: int, version: int) -> str:
     return f"{client}.r{version:06d}{SUFFIX}"
 
 
-def write_memory(path: Path, memory: ClientMemory) -> None:
-    """One client's memory as one safetensors file (JSON values in its metadata)."""
+def write_memory(path: Path, memory: ClientMemory) -> str:
+    """One client's memory as one safetensors file (JSON values in its metadata); returns
+    the file's SHA-256."""
     tensors = {f"model/{k}": v for k, v in (memory.model or {}).items()}
     tensors.update({f"tensors/{k}": v for k, v in memory.tensors.items()})
     meta = {**memory.meta(), "has_model": memory.model is not None}
-    write_safetensors(path, tensors, metadata={"memory": json.dumps(meta)})
+    return write_safetensors(path, tensors, metadata={"memory": json.dumps(meta)})
 
 
 def read_memory(path: Path) -> ClientMemory:
@@ -68,8 +69,8 @@ class StateStore(Protocol):
     def ids(self) -> list[int]: ...
     def items(self) -> Iterator[tuple[int, ClientMemory]]: ...
     def changed(self) -> dict[int, int]: ...
-    def persist(self, folder: Path) -> dict[int, str]: ...
-    def adopt(self, folder: Path, files: dict[int, str]) -> None: ...
+    def persist(self, folder: Path) -> dict[int, dict[str, str]]: ...
+    def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -79,7 +80,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._memories: dict[int, ClientMemory] = {}
         self._changed: dict[int, int] = {}
-        self._files: dict[int, str] = {}
+        self._files: dict[int, dict[str, str]] = {}
 
     def get(self, client: int) -> ClientMemory | None:
         return self._memories.get(client)
@@ -98,18 +99,18 @@ class MemoryStore:
         """Clients put since the last ``persist``, with the round their memory is from."""
         return dict(self._changed)
 
-    def persist(self, folder: Path) -> dict[int, str]:
-        """Write the changed memories to ``folder``; the file of every client's memory."""
+    def persist(self, folder: Path) -> dict[int, dict[str, str]]:
+        """Write the changed memories to ``folder``; every client's file and its hash."""
         for cid, version in sorted(self._changed.items()):
             name = memory_file(cid, version)
-            write_memory(Path(folder) / name, self._memories[cid])
-            self._files[cid] = name
+            digest = write_memory(Path(folder) / name, self._memories[cid])
+            self._files[cid] = {"file": name, "sha256": digest}
         self._changed.clear()
         return dict(self._files)
 
-    def adopt(self, folder: Path, files: dict[int, str]) -> None:
+    def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None:
         """Load the memories a checkpoint's manifest names."""
-        self._memories = {cid: read_memory(Path(folder) / name) for cid, name in files.items()}
+        self._memories = {cid: read_memory(Path(folder) / e["file"]) for cid, e in files.items()}
         self._files = dict(files)
         self._changed.clear()
 
@@ -125,7 +126,7 @@ class DiskStore:
     def __init__(self, folder: Path, cache: int = 64, temporary: bool = False) -> None:
         self.folder, self.capacity, self.temporary = Path(folder), max(cache, 1), temporary
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._files: dict[int, str] = {}
+        self._files: dict[int, dict[str, str]] = {}
         self._cache: OrderedDict[int, ClientMemory] = OrderedDict()
         self._changed: dict[int, int] = {}
 
@@ -139,17 +140,16 @@ class DiskStore:
         if client in self._cache:
             self._cache.move_to_end(client)
             return self._cache[client]
-        name = self._files.get(client)
-        if name is None:
+        entry = self._files.get(client)
+        if entry is None:
             return None
-        memory = read_memory(self.folder / name)
+        memory = read_memory(self.folder / entry["file"])
         self._remember(client, memory)
         return memory
 
     def put(self, client: int, memory: ClientMemory, version: int = 0) -> None:
         name = memory_file(client, version)
-        write_memory(self.folder / name, memory)
-        self._files[client] = name
+        self._files[client] = {"file": name, "sha256": write_memory(self.folder / name, memory)}
         self._changed[client] = version
         self._remember(client, memory)
 
@@ -165,14 +165,14 @@ class DiskStore:
     def changed(self) -> dict[int, int]:
         return dict(self._changed)
 
-    def persist(self, folder: Path) -> dict[int, str]:
-        """Every memory is already on disk: the file of each client's."""
+    def persist(self, folder: Path) -> dict[int, dict[str, str]]:
+        """Every memory is already on disk: each client's file and its hash."""
         if Path(folder) != self.folder:
             raise ValueError(f"a disk store in {self.folder} cannot persist to {folder}")
         self._changed.clear()
         return dict(self._files)
 
-    def adopt(self, folder: Path, files: dict[int, str]) -> None:
+    def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None:
         """Take over a checkpoint's manifest (files in ``folder``, read when needed)."""
         if Path(folder) != self.folder:
             raise ValueError(f"a disk store in {self.folder} cannot adopt files in {folder}")

@@ -26,6 +26,7 @@ from torch import Tensor
 from fedkit.client import ClientContext, ClientData, ClientMemory, ModelKeys
 from fedkit.errors import FedkitError, PluginError, RecipeError
 from fedkit.faults import InjectedCrash, InjectedFault
+from fedkit.fit import NonFiniteLoss
 from fedkit.hookspecs import CLIENT
 from fedkit.keys import parameter_keys
 from fedkit.messages import ClientJob, ClientResult, ClientSetup
@@ -138,7 +139,9 @@ class Worker:
             raise
         except Exception as exc:  # noqa: BLE001 - any client failure is data
             error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
-            return ClientResult.failed(job.client, "exception", error), None
+            loss = NonFiniteLoss in (type(exc), type(exc.__cause__))
+            kind = "non-finite" if loss else "exception"
+            return ClientResult.failed(job.client, kind, error), None
         bad = non_finite(result.upload)
         if bad is not None:
             error = f"upload key {bad!r} holds a non-finite value"

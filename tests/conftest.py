@@ -48,11 +48,14 @@ def tiny_recipe(**sections: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def write_recipe(tmp_path: Path):
-    """Write a recipe mapping to a YAML file and return its path."""
+    """Write a recipe (a mapping, YAML text or raw bytes) to a file and return its path."""
 
     def write(raw: Any, name: str = "recipe.yaml") -> Path:
         path = tmp_path / name
-        path.write_text(raw if isinstance(raw, str) else yaml.safe_dump(raw))
+        if isinstance(raw, bytes):
+            path.write_bytes(raw)
+        else:
+            path.write_text(raw if isinstance(raw, str) else yaml.safe_dump(raw))
         return path
 
     return write

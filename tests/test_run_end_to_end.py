@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from fedkit.cli import app
+from fedkit.integrity import sha256_file
 from fedkit.rundir import read_clients, read_ledger, read_metrics
 
 runner = CliRunner()
@@ -40,7 +41,8 @@ def test_fedavg_learns_and_writes_run_directory(write_recipe, tmp_path):
     folder = out / "checkpoints" / pointer["folder"]
     sidecar = json.loads((folder / "state.json").read_text())
     assert sidecar["round"] == 4 and set(sidecar["clients"]) == {"0", "1", "2"}
-    assert all((out / "clients" / name).is_file() for name in sidecar["clients"].values())
+    for entry in sidecar["clients"].values():
+        assert sha256_file(out / "clients" / entry["file"]) == entry["sha256"]
     assert "rng" in sidecar and "torch" in sidecar["rng"]
     assert any(k.startswith("0/encoder.") for k in load_file(folder / "pool.safetensors"))
 

@@ -157,8 +157,8 @@ def client_memories(out) -> dict[str, dict[str, torch.Tensor]]:
     pointer = json.loads((out / "checkpoints" / "latest.json").read_text())
     state = json.loads((out / "checkpoints" / pointer["folder"] / "state.json").read_text())
     flat = {}
-    for cid, name in state["clients"].items():
-        memory = read_memory(out / "clients" / name)
+    for cid, entry in state["clients"].items():
+        memory = read_memory(out / "clients" / entry["file"])
         flat.update({f"{cid}/model/{k}": v for k, v in (memory.model or {}).items()})
         flat.update({f"{cid}/tensors/{k}": v for k, v in memory.tensors.items()})
     return flat

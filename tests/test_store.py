@@ -13,6 +13,7 @@ from test_ssl_plugins import ssl_recipe
 from fedkit import rundir
 from fedkit.client import ClientMemory
 from fedkit.engine import run_round
+from fedkit.integrity import sha256_file
 from fedkit.recipe import validate
 from fedkit.state_store import DiskStore, MemoryStore, make_store, read_memory, write_memory
 
@@ -45,7 +46,11 @@ def test_disk_store_keeps_a_bounded_cache_and_reads_the_rest_back(tmp_path):
     assert len(list(tmp_path.glob("*.safetensors"))) == 10
     assert store.get(0).state == {"d": 0.0}  # read from disk, now cached
     assert len(store._cache) == 3
-    assert store.persist(tmp_path) == {c: f"{c}.r000001.safetensors" for c in range(10)}
+    manifest = store.persist(tmp_path)
+    assert {c: e["file"] for c, e in manifest.items()} == {
+        c: f"{c}.r000001.safetensors" for c in range(10)
+    }
+    assert all(e["sha256"] == sha256_file(tmp_path / e["file"]) for e in manifest.values())
     assert store.changed() == {}
 
 
@@ -56,9 +61,12 @@ def test_memory_store_persists_only_changed_clients(tmp_path):
     first = store.persist(tmp_path)
     store.put(2, memory(9.0), version=2)
     second = store.persist(tmp_path)
-    assert second == {**first, 2: "2.r000002.safetensors"}
+    assert {c: e["file"] for c, e in second.items()} == {
+        **{c: e["file"] for c, e in first.items()},
+        2: "2.r000002.safetensors",
+    }
     written = sorted(p.name for p in tmp_path.glob("*.safetensors"))
-    assert written == sorted({*first.values(), "2.r000002.safetensors"})
+    assert written == sorted({*(e["file"] for e in first.values()), "2.r000002.safetensors"})
     again = MemoryStore()
     again.adopt(tmp_path, second)
     assert again.get(2).state == {"d": 9.0}
@@ -122,9 +130,11 @@ def test_checkpoints_write_only_clients_that_trained(tmp_path, store):
         )
         manifest = json.loads((folder / "state.json").read_text())["clients"]
         trained_last = {str(c) for c in rundir.read_metrics(out)[-1]["clients"]}
-        files = {name for cid, name in manifest.items() if cid in trained_last}
+        files = {entry["file"] for cid, entry in manifest.items() if cid in trained_last}
         assert all(name.endswith(".r000002.safetensors") for name in files)
-        assert len(list((out / "clients").glob("*.safetensors"))) == len(manifest)
+        on_disk = {p.name for p in (out / "clients").glob("*.safetensors")}
+        assert {e["file"] for e in manifest.values()} <= on_disk  # and the previous
+        assert len(on_disk) <= 2 * len(manifest)  # checkpoint's (2 kept), nothing more
         return sum((out / "clients" / n).stat().st_size for n in files) + sum(
             p.stat().st_size for p in folder.iterdir()
         )

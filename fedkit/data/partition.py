@@ -8,6 +8,7 @@ parameters, which are checked against the function's signature before it runs.
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -101,9 +102,9 @@ def check_params(name: str, fn: Partitioner, params: dict[str, Any]) -> None:
 def _number(name: str, value: Any, *, integer: bool, minimum: float, strict: bool = False):
     """Check a numeric parameter; ``strict`` makes ``minimum`` exclusive."""
     kind = numbers.Integral if integer else numbers.Real
-    ok = isinstance(value, kind) and not isinstance(value, bool)
+    ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or not (value > minimum if strict else value >= minimum):
-        what = "an integer" if integer else "a number"
+        what = "an integer" if integer else "a finite number"
         bound = f"> {minimum}" if strict else f">= {minimum}"
         raise RecipeError(f"data.partition.{name}", f"{what} {bound}", value)
     return value

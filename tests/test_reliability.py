@@ -1,0 +1,400 @@
+"""Nothing silent, nothing lost: non-finite training stops clearly, clients without data
+are excluded and reported, checkpoints are verified (a flipped byte anywhere is found,
+and resume falls back or stops), damaged logs are rebuilt, recipe drift is refused, a run
+directory has one writer and fedkit touches only its own files, and the machine's
+refusals are one-line messages."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_recipe
+from test_resume import fedkit
+from typer.testing import CliRunner
+
+from fedkit import atomic, checkpoint, rundir
+from fedkit.cli import app
+from fedkit.errors import FedkitError
+from fedkit.integrity import sha256_file
+from fedkit.recipe import validate
+
+runner = CliRunner()
+RECIPE = tiny_recipe(
+    data={"num_clients": 4, "max_train": 200},
+    federation={"rounds": 4, "clients_per_round": 2},
+)
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def snapshot_files(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+# ------------------------------------------------------------------ non-finite training
+
+
+@pytest.mark.parametrize("optimizer", [{"name": "adam", "lr": 1e30}, {"name": "sgd", "lr": 1e12}])
+def test_a_learning_rate_that_explodes_stops_the_run_clearly(write_recipe, tmp_path, optimizer):
+    path = write_recipe(tiny_recipe(federation={"optimizer": optimizer}))
+    out = tmp_path / "run"
+    result = invoke("run", str(path), "--out", str(out))
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "round 1: 0 of 3 clients answered" in text and "non-finite" in text
+    assert "client 0" in text and f"federation.optimizer.lr = {optimizer['lr']:g}" in text
+    assert checkpoint.read(out).round == 0  # the last good checkpoint is intact
+    assert rundir.read_metrics(out) == []
+
+
+def test_the_global_model_is_checked_before_it_is_kept():
+    from conftest import prepared
+
+    from fedkit import hookimpl
+    from fedkit.engine import run_round
+    from fedkit.errors import RoundFailed
+
+    class Poison:
+        @hookimpl
+        def aggregate(self, server, cluster, uploads):
+            return {"classifier.bias": torch.full((10,), float("nan"))}
+
+    run = prepared(tiny_recipe(plugins=["fedavg", "poison"]), poison=Poison())
+    before = {k: v.clone() for k, v in run.server.pool[0].items()}
+    with pytest.raises(RoundFailed, match="classifier.bias.*non-finite"):
+        run_round(run, 1)
+    assert all(torch.equal(before[k], v) for k, v in run.server.pool[0].items())
+
+
+# ------------------------------------------------------------------ clients without data
+
+
+def test_clients_without_data_are_reported_and_never_sampled(write_recipe, tmp_path):
+    raw = tiny_recipe(
+        data={
+            "num_clients": 250,
+            "max_train": 300,
+            "partition": {"name": "dirichlet", "alpha": 0.05, "min_size": 0},
+        },
+        federation={"rounds": 2, "clients_per_round": 10},
+        evaluation={"protocol": "none"},
+    )
+    out = tmp_path / "run"
+    result = invoke("run", str(write_recipe(raw)), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    sizes = {
+        row["client"]: row["n_train"] for row in json.loads((out / "partition.json").read_text())
+    }
+    empty = [c for c, n in sizes.items() if n == 0]
+    assert empty and f"{len(empty)} of 250 clients hold no training data" in result.output
+    for row in rundir.read_metrics(out):
+        assert all(sizes[c] > 0 for c in row["clients"])
+        assert row["train_loss"] > 0
+
+
+# ------------------------------------------------------------------ verified checkpoints
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 4-round run, and a copy of the same run stopped after round 3
+    (checkpoints of rounds 2 and 3 kept)."""
+    root = tmp_path_factory.mktemp("reference")
+    recipe = validate(RECIPE)
+    full = rundir.start(recipe, root / "full")
+    rundir.execute(full, root / "full")
+    half = rundir.start(recipe, root / "half")
+    rundir.commit(half, root / "half", [rundir.run_round(half, r) for r in (1,)], 1)
+    for r in (2, 3):
+        rundir.commit(half, root / "half", [rundir.run_round(half, r)], r)
+    half.close()
+    return root
+
+
+def results(out: Path) -> tuple:
+    pool = checkpoint.read(out).pool
+    flat = {f"{c}/{k}": v for c, s in pool.items() for k, v in s.items()}
+    return rundir.read_metrics(out), rundir.read_clients(out), rundir.read_ledger(out), flat
+
+
+def finish(out: Path) -> None:
+    run, done = rundir.resume(out)
+    rundir.execute(run, out, done)
+
+
+def same(a: tuple, b: tuple) -> bool:
+    return (
+        a[:3] == b[:3]
+        and a[3].keys() == b[3].keys()
+        and all(torch.equal(a[3][k], b[3][k]) for k in a[3])
+    )
+
+
+def damageable(half: Path) -> list[str]:
+    """Every file a resume reads: the newest checkpoint's, its client files, logs, copies."""
+    names = [
+        str(p.relative_to(half)) for p in sorted((half / "checkpoints").rglob("*")) if p.is_file()
+    ]
+    names += [str(p.relative_to(half)) for p in sorted((half / "clients").glob("*"))]
+    names += [*rundir.LOGS, rundir.RECIPE]
+    return [n for n in names if (half / n).stat().st_size > 0]
+
+
+def test_a_flipped_byte_in_any_file_is_found_and_never_used(reference, tmp_path):
+    expected = results(reference / "full")
+    outcomes = {}
+    for name in damageable(reference / "half"):
+        out = tmp_path / name.replace("/", "_")
+        shutil.copytree(reference / "half", out)
+        data = bytearray((out / name).read_bytes())
+        data[len(data) // 2] ^= 0x40
+        (out / name).write_bytes(bytes(data))
+        try:
+            finish(out)
+        except FedkitError as exc:  # a clear stop is allowed: never a silent continue
+            outcomes[name] = f"stopped: {exc}"
+            assert "damaged" in str(exc) or "differs" in str(exc), exc
+            continue
+        assert same(results(out), expected), name
+        outcomes[name] = "identical"
+    assert sum(o == "identical" for o in outcomes.values()) >= len(outcomes) // 2, outcomes
+    assert outcomes["checkpoints/round-0003/pool.safetensors"] == "identical"  # fell back
+
+
+def test_a_damaged_newest_checkpoint_falls_back_and_says_so(reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference / "half", out)
+    (out / "checkpoints" / "round-0003" / "pool.safetensors").write_bytes(b"")
+    run, done = rundir.resume(out)
+    assert done == 2
+    assert any("round-0003 is damaged" in note and "pool.safetensors" in note for note in run.notes)
+    rundir.execute(run, out, done)
+    assert same(results(out), results(reference / "full"))
+
+
+def test_no_intact_checkpoint_is_a_clear_stop(reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference / "half", out)
+    for folder in checkpoint.folders(out):
+        (folder / "state.json").write_text("{}")
+    result = invoke("run", "--resume", str(out))
+    assert result.exit_code == 2 and "no intact checkpoint" in result.output
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "drop_row"])
+def test_a_damaged_metrics_log_is_rebuilt_and_reported(reference, tmp_path, damage):
+    out = tmp_path / "run"
+    shutil.copytree(reference / "half", out)
+    path = out / rundir.METRICS
+    lines = path.read_text().splitlines(keepends=True)
+    if damage == "delete":
+        path.unlink()
+    elif damage == "truncate":
+        path.write_text("".join(lines)[:40])
+    else:
+        path.write_text("".join(lines[:1] + lines[2:]))
+    run, done = rundir.resume(out)
+    assert done == 3 and any("metrics.jsonl was damaged or missing" in n for n in run.notes)
+    rundir.execute(run, out, done)
+    assert same(results(out), results(reference / "full"))
+
+
+def test_temporary_files_of_a_killed_write_are_removed(reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference / "half", out)
+    leftovers = [
+        out / ".metrics.jsonl.x1y2z3.tmp",
+        out / "clients" / ".0.r000003.safetensors.ab_9.tmp",
+    ]
+    for path in leftovers:
+        path.write_bytes(b"half a write")
+    keep = out / "notes.tmp"  # not a name fedkit gives temporary files
+    keep.write_text("mine")
+    finish(out)
+    assert not any(p.exists() for p in leftovers) and keep.read_text() == "mine"
+
+
+# ------------------------------------------------------------------ recipe drift
+
+
+def test_an_edited_recipe_is_refused_with_the_changes(reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference / "half", out)
+    text = (out / "recipe.yaml").read_text().replace("lr: 0.003", "lr: 0.1")
+    (out / "recipe.yaml").write_text(text)
+    before = snapshot_files(out)
+    result = invoke("run", "--resume", str(out))
+    assert result.exit_code == 2
+    assert "federation.optimizer.lr: 0.003 → 0.1" in " ".join(result.output.split())
+    assert snapshot_files(out) == before
+
+
+def test_resume_accepts_only_safe_changes_and_extends_a_finished_run(reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference / "full", out)
+    refused = invoke("run", "--resume", str(out), "--set", "federation.optimizer.lr=0.1")
+    assert refused.exit_code == 2 and "only federation.rounds or evaluation" in refused.output
+    shorter = invoke("run", "--resume", str(out), "--set", "federation.rounds=2")
+    assert shorter.exit_code == 2 and "at least 4" in shorter.output
+    longer = invoke("run", "--resume", str(out), "--set", "federation.rounds=6")
+    assert longer.exit_code == 0, longer.output
+    assert [r["round"] for r in rundir.read_metrics(out)] == [1, 2, 3, 4, 5, 6]
+    assert "rounds: 6" in (out / "recipe.yaml").read_text()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "binary"])
+def test_a_damaged_recipe_file_is_named_and_rebuilt_from_the_checkpoint(
+    reference, tmp_path, damage
+):
+    out = tmp_path / "run"
+    shutil.copytree(reference / "half", out)
+    if damage == "truncate":  # still YAML, so it reads as a changed recipe: refused
+        (out / "recipe.yaml").write_text((out / "recipe.yaml").read_text()[:50])
+        refused = invoke("run", "--resume", str(out))
+        assert refused.exit_code == 2 and "changed since its checkpoint" in refused.output
+        (out / "recipe.yaml").unlink()  # as the message says: delete it to rebuild it
+    else:
+        (out / "recipe.yaml").write_bytes(bytes(range(256)))
+    run, done = rundir.resume(out)
+    assert any("recipe.yaml was missing or unreadable" in n for n in run.notes)
+    rundir.execute(run, out, done)
+    assert same(results(out), results(reference / "full"))
+
+
+# ------------------------------------------------------------------ ownership
+
+
+def test_an_existing_directory_of_someone_else_is_left_alone(write_recipe, tmp_path):
+    out = tmp_path / "mine"
+    (out / "checkpoints" / "round-0007").mkdir(parents=True)
+    (out / "notes.txt").write_text("my notes")
+    (out / "summary.json").write_text('{"mine": true}')
+    (out / "checkpoints" / "round-0007" / "model.pt").write_bytes(b"weights")
+    before = snapshot_files(out)
+    result = invoke("run", str(write_recipe(RECIPE)), "--out", str(out))
+    assert result.exit_code == 2 and "not a fedkit run" in result.output
+    assert snapshot_files(out) == before and not (out / "run.lock").exists()
+
+
+SLOW = tiny_recipe(federation={"rounds": 30}, faults={"straggler": 1.0, "delay": 1.0})
+"""A run that takes over a minute: every client sleeps a second each round."""
+
+
+def test_a_second_writer_is_refused_while_a_run_is_live(write_recipe, tmp_path):
+    path = write_recipe(SLOW)
+    out = tmp_path / "run"
+    proc = fedkit("run", str(path), "--out", str(out), wait=False)
+    try:
+        deadline = time.monotonic() + 120
+        while checkpoint.latest_round(out) is None:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        again = fedkit("run", "--resume", str(out))
+        assert (
+            again.returncode == 2
+            and f"in use by another fedkit process (pid {proc.pid})" in again.stderr
+        )
+        other = fedkit("run", str(path), "--out", str(out))
+        assert other.returncode == 2 and "in use" in other.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_ctrl_c_exits_130_and_says_how_to_resume(write_recipe, tmp_path):
+    path = write_recipe(SLOW)
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedkit", "run", str(path), "--out", str(out)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while checkpoint.latest_round(out) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert f"fedkit run --resume {out}" in " ".join(err.split())
+    assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------ the machine says no
+
+
+def test_out_that_is_a_file_or_under_a_file(write_recipe, tmp_path):
+    path = write_recipe(RECIPE)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    is_file = invoke("run", str(path), "--out", str(afile))
+    assert is_file.exit_code == 2 and str(afile) in is_file.output
+    under = invoke("run", str(path), "--out", str(afile / "run"))
+    assert under.exit_code == 2 and "a part of this path is a file" in under.output
+    assert afile.read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    "code,advice",
+    [
+        (errno.ENOSPC, "free some space"),
+        (errno.EROFS, "read-only"),
+        (errno.EACCES, "no permission"),
+    ],
+)
+def test_a_refusing_disk_is_one_line_and_keeps_the_last_checkpoint(
+    reference, tmp_path, monkeypatch, code, advice
+):
+    out = tmp_path / "run"
+    shutil.copytree(reference / "half", out)
+    before = snapshot_files(out / "checkpoints" / "round-0003")
+    real = atomic.write_bytes
+
+    def refuse(path, data):
+        if "round-0004" in str(path):
+            raise OSError(code, os.strerror(code), str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(atomic, "write_bytes", refuse)
+    monkeypatch.setattr(checkpoint, "write_bytes", refuse)
+    result = invoke("run", "--resume", str(out))
+    assert result.exit_code == 2 and advice in result.output and "round-0004" in result.output
+    assert snapshot_files(out / "checkpoints" / "round-0003") == before
+    assert checkpoint.read(out).round == 3
+
+
+# ------------------------------------------------------------------ smaller things
+
+
+def test_eval_of_an_unfinished_run_says_so(reference):
+    result = invoke(
+        "eval", str(reference / "half"), "--protocol", "knn", "--set", "evaluation.max_eval=50"
+    )
+    assert result.exit_code == 0, result.output
+    assert "stopped after round 3 of 4" in result.output
+
+
+def test_a_binary_file_among_recipes_is_listed_not_fatal(tmp_path, monkeypatch):
+    (tmp_path / "broken.yaml").write_bytes(bytes(range(256)))
+    monkeypatch.setenv("FEDKIT_RECIPES", str(tmp_path))
+    result = invoke("recipes")
+    assert result.exit_code == 0 and "not a text file" in result.output
