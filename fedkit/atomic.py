@@ -12,12 +12,12 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
-
-from safetensors.torch import save as save_tensors
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from fedkit.integrity import sha256_bytes
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 TEMPORARY = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")
 
@@ -56,6 +56,8 @@ def write_safetensors(
     path: str | Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None
 ) -> str:
     """Save tensors (copied contiguous, on the CPU) as a safetensors file, atomically."""
+    from safetensors.torch import save as save_tensors
+
     flat = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
     return write_bytes(path, save_tensors(flat, metadata=metadata))
 

@@ -15,23 +15,37 @@ from fedkit.data.partition import partitioner
 from fedkit.errors import RecipeError
 from fedkit.models.backbones import check_backbone_name, create_backbone
 from fedkit.plugins import Plugins
-from fedkit.recipe import Recipe
+from fedkit.recipe import DataConfig, Recipe
 
 
 def check_data(recipe: Recipe) -> None:
     data = recipe.data
     check_dataset_name(data.dataset)
-    if data.dataset != "digits" and not data.download:
+    downloads = data.download and data.dataset != "imagefolder"  # a folder cannot be fetched
+    if data.dataset != "digits" and not downloads:
         if data.root is None:
             raise RecipeError(
                 "data.root",
                 f"a directory holding the {data.dataset} files",
                 None,
-                hint=" (or set data.download: true)",
+                hint=_root_hint(data),
             )
         if not Path(data.root).expanduser().is_dir():
-            raise RecipeError("data.root", "an existing directory", data.root)
+            raise RecipeError(
+                "data.root", "an existing directory", data.root, hint=_root_hint(data)
+            )
     partitioner(data)
+
+
+def _root_hint(data: DataConfig) -> str:
+    """How to get the data when ``data.root`` is missing (docs/data.md has the details)."""
+    if data.dataset == "imagefolder":
+        return (
+            " (a folder with train/<class>/ and test/<class>/ image folders; for CIFAR-10,"
+            " --set data.dataset=cifar10 --set data.download=true fetches torchvision's"
+            " files instead; see docs/data.md)"
+        )
+    return f" (set data.download: true to fetch {data.dataset} there; see docs/data.md)"
 
 
 def check_input_size(recipe: Recipe) -> None:

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedkit import plugins as plugin_registry
-from fedkit import recipes, rundir
-from fedkit.checks import check_recipe
-from fedkit.data.summary import partition_table, render_partition
+from fedkit import recipes
 from fedkit.errors import FedkitError, PluginError, RecipeError
 from fedkit.lock import LOCK, RunLock
-from fedkit.plugins import Plugins
-from fedkit.recipe import Recipe, load_recipe
-from fedkit.report import RichReporter, summary_table
+from fedkit.logs import RECIPE
+
+if TYPE_CHECKING:
+    from fedkit.plugins import Plugins
+    from fedkit.recipe import Recipe
 
 app = typer.Typer(
     add_completion=False,
@@ -84,6 +84,9 @@ def naming_file(path: Path) -> Iterator[None]:
 
 def load_checked(path: Path, overrides: list[str]) -> tuple[Recipe, Plugins]:
     """Load, validate and check a recipe file; every error names the file."""
+    from fedkit.checks import check_recipe
+    from fedkit.recipe import load_recipe
+
     with naming_file(path):
         recipe = load_recipe(path, overrides)
         return recipe, check_recipe(recipe)
@@ -110,8 +113,25 @@ def run(
         str | None, typer.Option(help="sequential, isolated or ray (engine.executor).")
     ] = None,
     workers: Annotated[int | None, typer.Option(help="Ray actors (engine.workers).")] = None,
+    report: Annotated[
+        bool,
+        typer.Option(
+            "--report/--no-report",
+            envvar="FEDKIT_REPORT",
+            help="Write report.html at the end (FEDKIT_REPORT=0 makes --no-report the default).",
+        ),
+    ] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only problems.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the summary as JSON on stdout (implies -q).")
+    ] = False,
 ) -> None:
     """Run a recipe (or resume a run) and write its run directory."""
+    from fedkit import rundir
+    from fedkit.data.summary import partition_table, render_partition
+    from fedkit.progress import RichReporter, summary_table
+
+    quiet = quiet or as_json
     engine = engine_settings(executor, workers)
     with friendly_errors():
         if resume is not None:
@@ -133,17 +153,40 @@ def run(
                 the_run, done = rundir.resume(resume, set_ or [])
                 for note in the_run.notes:
                     errors.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
-                console.print(f"resuming {resume} after round {done}")
+                if not quiet:
+                    console.print(f"resuming {resume} after round {done}")
             else:
                 with naming_file(path):
                     the_run, done = rundir.start(parsed, out), 0
                 data = the_run.server.data
-                console.print(render_partition(partition_table(data), data.train.classes))
+                if not quiet:
+                    console.print(render_partition(partition_table(data), data.train.classes))
             warn_about(the_run)
             rounds = the_run.recipe.federation.rounds
-            with RichReporter(console, rounds, done) as reporter:
-                summary = rundir.execute(the_run, out, done, reporter)
-        console.print(summary_table(summary, str(out)))
+            if quiet:
+                summary = rundir.execute(the_run, out, done)
+            else:
+                with RichReporter(console, rounds, done) as reporter:
+                    summary = rundir.execute(the_run, out, done, reporter)
+            page = write_report_if_possible(out) if report else None
+        if as_json:
+            print(json.dumps({**summary, "run_dir": str(out), "report": page}, sort_keys=True))
+        elif not quiet:
+            console.print(summary_table(summary, str(out)))
+            if page is not None:
+                console.print(f"report: {page}")
+
+
+def write_report_if_possible(out: Path) -> str | None:
+    """The run's report page (needs matplotlib: a note, not an error, without it)."""
+    from fedkit.report import pyplot, write_report
+
+    try:
+        pyplot()
+    except FedkitError as exc:
+        errors.print(f"[yellow]note:[/] no report: {exc}", highlight=False, soft_wrap=True)
+        return None
+    return str(write_report(out))
 
 
 def warn_about(the_run: Any) -> None:
@@ -169,7 +212,7 @@ def tidy(out: Path, fresh: bool) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        if fresh and out.is_dir() and not (out / rundir.RECIPE).exists():
+        if fresh and out.is_dir() and not (out / RECIPE).exists():
             (out / LOCK).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 out.rmdir()
@@ -195,11 +238,23 @@ def interrupted(out: Path) -> Iterator[None]:
 def validate(
     recipe: Annotated[str, typer.Argument(help="Recipe file or shipped name.")],
     set_: SetOption = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run/--no-dry-run",
+            help="Also run one round on a few embedded images (finds key-claim conflicts).",
+        ),
+    ] = True,
 ) -> None:
-    """Check a recipe without running it."""
+    """Check a recipe without running it (by default with a one-round dry run)."""
+    from fedkit.diagnostics import dry_round
+
     with friendly_errors():
         path = recipes.resolve(recipe)
         parsed, active = load_checked(path, set_ or [])
+        if dry_run:
+            with naming_file(path):
+                dry_round(parsed.model_dump(mode="json"))
         console.print(
             f"{path}: ok — plugins {', '.join(active.names)}, "
             f"{parsed.federation.rounds} rounds, {parsed.data.num_clients} clients"
@@ -216,8 +271,7 @@ def eval_(
     set_: SetOption = None,
 ) -> None:
     """Evaluate a saved run's encoder (knn, linear or semi), also on another data set."""
-    import json
-
+    from fedkit import rundir
     from fedkit.evaluation.offline import evaluate_run
 
     with friendly_errors():
@@ -231,12 +285,26 @@ def eval_(
 
 
 @app.command("plugins")
-def list_plugins() -> None:
+def list_plugins(
+    check: Annotated[
+        bool, typer.Option("--check", help="Report authoring mistakes; exit 2 if any.")
+    ] = False,
+) -> None:
     """List installed plugins: package, hooks, and whether they upload data-derived tensors."""
+    from fedkit import plugins as plugin_registry
+    from fedkit.diagnostics import check_entry_points, check_plugin
+
     table = Table(title="fedkit plugins")
     for column in ("plugin", "package", "server hooks", "client hooks", "data-derived", "summary"):
         table.add_column(column, overflow="fold")
-    for name, ep in plugin_registry.discover().items():
+    entry_points = plugin_registry.discover()
+    loaded, findings = check_entry_points(entry_points)
+    for name, ep in entry_points.items():
+        if name not in loaded:
+            dist = ep.dist
+            package = f"{dist.name} {dist.version}" if dist else "?"
+            table.add_row(name, package, "", "", "", "[red]broken: cannot be imported[/]")
+            continue
         info = plugin_registry.describe(ep)
         sides = info.hooks_by_side()
         table.add_row(
@@ -247,7 +315,59 @@ def list_plugins() -> None:
             "yes" if info.uploads_data_derived else "no",
             info.summary,
         )
+        findings += check_plugin(name, loaded[name]) if check else []
     console.print(table)
+    for finding in findings if check else []:
+        errors.print(f"[bold red]error:[/] {finding}", highlight=False, soft_wrap=True)
+    if check and findings:
+        raise typer.Exit(2)
+
+
+@app.command("report")
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+) -> None:
+    """Plot a run (PNG files) and write one self-contained HTML page: RUN_DIR/report.html."""
+    from fedkit.report import write_report
+
+    with friendly_errors():
+        page = write_report(run_dir)
+    console.print(f"report: {page}")
+
+
+@app.command("compare")
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Two or more run directories.")],
+    out: Annotated[Path, typer.Option(help="Where to write compare.html and its plots.")] = Path(
+        "compare"
+    ),
+    as_markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the table as Markdown (for a README).")
+    ] = False,
+) -> None:
+    """Compare runs: final and best metrics, bytes, wall time, curves; also as HTML."""
+    from fedkit.compare import compare_runs, markdown
+
+    with friendly_errors():
+        table, page = compare_runs(run_dirs, out)
+    if as_markdown:
+        print(markdown(table))
+    else:
+        console.print(table)
+    (errors if as_markdown else console).print(f"page: {page}")  # stdout stays Markdown
+
+
+@app.command("new-plugin")
+def new_plugin(
+    name: Annotated[str, typer.Argument(help="The plugin's name (lowercase, e.g. myprox).")],
+    directory: Annotated[Path, typer.Option("--dir", help="Where to create it.")] = Path("."),
+) -> None:
+    """Create an installable plugin package (entry point, Options, recipe, README, test)."""
+    from fedkit.newplugin import create
+
+    with friendly_errors():
+        root = create(name, directory)
+    console.print(f"created {root}: pip install -e {root} && pytest {root}")
 
 
 @app.command("recipes")

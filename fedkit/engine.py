@@ -184,6 +184,7 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     metrics["bytes"] = server.ledger.totals(round)
     plugins.call("round_end", server=server, metrics=metrics)
     metrics.update(evaluate_round(server, run.executor, plugins, round))
+    plugins.call("round_logged", server=server, metrics=metrics)
     reporter.round_done(round, metrics)
     return metrics
 
@@ -260,7 +261,9 @@ def update_cluster(run: Run, cluster: int, uploads: list[Upload]) -> dict[str, T
             f"round {server.round}: every client of cluster {cluster} holds no training data, "
             "so there is nothing to average (a custom sample_clients chose only empty clients?)"
         )
-    claimed = plugins.claims("aggregate", server=server, cluster=cluster, uploads=uploads)
+    claimed = plugins.claims(
+        "aggregate", reference=previous, server=server, cluster=cluster, uploads=uploads
+    )
     state = dict(previous)
     for key in sorted({k for u in uploads for k in u.tensors} - set(claimed)):
         mean = weighted_mean([u for u in uploads if key in u.tensors], key)
@@ -271,7 +274,12 @@ def update_cluster(run: Run, cluster: int, uploads: list[Upload]) -> dict[str, T
         else:
             state[key] = value.detach().cpu()
     updated = plugins.claims(
-        "server_update", server=server, cluster=cluster, previous=previous, aggregated=state
+        "server_update",
+        reference=state,
+        server=server,
+        cluster=cluster,
+        previous=previous,
+        aggregated=state,
     )
     state.update({k: v.detach().cpu() for k, v in updated.items()})
     bad = non_finite(state)

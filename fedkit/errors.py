@@ -74,6 +74,18 @@ class ClaimConflict(FedkitError):
         )
 
 
+class ClaimMismatch(FedkitError):
+    """A plugin claimed a key with a tensor of another shape or dtype than the key has."""
+
+    def __init__(self, hook: str, key: str, plugin: str, value: object, expected: object) -> None:
+        got = f"{tuple(value.shape)} {value.dtype}"  # type: ignore[attr-defined]
+        want = f"{tuple(expected.shape)} {expected.dtype}"  # type: ignore[attr-defined]
+        super().__init__(
+            f"plugin {plugin!r} returned key {key!r} from hook {hook!r} as {got}, "
+            f"but the key is {want}"
+        )
+
+
 class RoundFailed(FedkitError):
     """A round could not complete (too few clients answered, a non-finite global model);
     the run stops with its last checkpoint intact."""

@@ -396,3 +396,17 @@ def evaluate(server: Server, round: int) -> dict[str, Any] | None:
     :param round: the round just finished (1-based).
     :returns: a mapping of metric names to JSON values, or ``None``.
     """
+
+
+@spec(SERVER)
+def round_logged(server: Server, metrics: dict[str, Any]) -> None:
+    """Observe a round's complete metrics row (logging to TensorBoard, a database, ...).
+
+    Called once per round on the server, after evaluation, with the row as it is written
+    to the run's logs (per-client values included). For observers: do not change
+    ``metrics`` or the run here; logic belongs in ``round_end``.
+
+    :param server: the server.
+    :param metrics: the round's complete metrics row (read-only by convention).
+    :returns: nothing.
+    """

@@ -9,11 +9,12 @@ One row per (round, client): bytes sent down and up, each in three categories:
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from torch import Tensor
-
-from fedkit.keys import matching
+if TYPE_CHECKING:
+    from torch import Tensor
 
 CATEGORIES = ("model", "aux", "data")
 FIELDS = tuple(f"{d}_{c}" for d in ("down", "up") for c in CATEGORIES)
@@ -42,7 +43,8 @@ class Ledger:
     def category(self, key: str) -> str:
         if key in self.model_keys:
             return "model"
-        return "aux" if matching([key], self.aux_patterns) else "data"
+        aux = any(fnmatch.fnmatchcase(key, p) for p in self.aux_patterns)
+        return "aux" if aux else "data"
 
     def record(
         self, round: int, client: int, direction: str, tensors: Mapping[str, Tensor]

@@ -20,10 +20,12 @@ from typing import Any
 
 import pluggy
 from pydantic import BaseModel, ValidationError
+from torch import Tensor
 
 from fedkit import PROJECT, hookspecs
 from fedkit.errors import (
     ClaimConflict,
+    ClaimMismatch,
     FedkitError,
     PluginError,
     RecipeError,
@@ -111,6 +113,31 @@ def _validate_options(schema: type[BaseModel], options: dict[str, Any], where: s
         raise RecipeError(f"{where}.{key}", expected_from(err["msg"]), err.get("input")) from None
 
 
+def load(name: str, entry_point: Any, index: int) -> Any:
+    """An entry point's target, or a clear error when it cannot be imported."""
+    try:
+        return entry_point.load()
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
+        raise RecipeError(
+            f"plugins.{index}",
+            f"an importable plugin ({name!r} fails to import: {type(exc).__name__}: {exc})",
+            name,
+        ) from None
+
+
+def check_authoring(name: str, obj: Any, index: int) -> None:
+    """Refuse a plugin with authoring mistakes (``fedkit.diagnostics.check_plugin``)."""
+    from fedkit.diagnostics import check_plugin
+
+    found = check_plugin(name, obj)
+    if found:
+        raise RecipeError(
+            f"plugins.{index}",
+            "a plugin without authoring mistakes",
+            hint=": " + "; ".join(str(f) for f in found),
+        )
+
+
 def instantiate(name: str, obj: Any, options: dict[str, Any], index: int) -> Any:
     """A plugin instance for one side: the class built with validated options, or the module."""
     where = f"plugins.{index}.{name}"
@@ -158,7 +185,9 @@ class Plugins:
                 )
             if spec.name in self.objects:
                 raise RecipeError(f"plugins.{index}", "each plugin once", spec.name)
-            loaded = self.available[spec.name].load()
+            loaded = load(spec.name, self.available[spec.name], index)
+            if side == hookspecs.SERVER:
+                check_authoring(spec.name, loaded, index)
             self.objects[spec.name] = instantiate(spec.name, loaded, spec.options, index)
         for name, obj in reversed(self.objects.items()):  # pluggy calls last-registered first
             self.pm.register(obj, name=name)
@@ -236,10 +265,13 @@ class Plugins:
         """Names of the active plugins implementing ``hook``, in recipe order."""
         return [impl.plugin_name for impl in reversed(self._caller(hook).get_hookimpls())]
 
-    def claims(self, hook: str, **kwargs: Any) -> dict[str, Any]:
+    def claims(
+        self, hook: str, reference: dict[str, Any] | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
         """Call a claims hook on every plugin and merge the claimed keys.
 
-        Raises ``ClaimConflict`` when two plugins claim one key.
+        Raises ``ClaimConflict`` when two plugins claim one key, and ``ClaimMismatch``
+        when a claimed tensor differs in shape or dtype from ``reference[key]``.
         """
         owners: dict[str, str] = {}
         merged: dict[str, Any] = {}
@@ -250,6 +282,10 @@ class Plugins:
                     raise ClaimConflict(hook, key, owners[key], impl.plugin_name)
                 owners[key] = impl.plugin_name
                 merged[key] = value
+                if reference is not None and key in reference and isinstance(value, Tensor):
+                    expected = reference[key]
+                    if value.shape != expected.shape or value.dtype != expected.dtype:
+                        raise ClaimMismatch(hook, key, impl.plugin_name, value, expected)
         return merged
 
     def chain(self, hook: str, value_arg: str, **kwargs: Any) -> Any:

@@ -1,8 +1,10 @@
-"""Finding recipes: a path, or the name of a recipe shipped in ``recipes/``."""
+"""Finding recipes: a path, or the name of a recipe shipped with fedkit (the package
+``fedkit_recipes``, the repository's ``recipes/``, so an installed wheel has them too)."""
 
 from __future__ import annotations
 
 import os
+from importlib.resources import files
 from pathlib import Path
 
 import yaml
@@ -11,9 +13,9 @@ from fedkit.errors import RecipeError, did_you_mean
 
 
 def recipe_dirs() -> list[Path]:
-    """Where shipped recipes live: ``$FEDKIT_RECIPES`` (colon-separated), then the repo's."""
+    """Where shipped recipes live: ``$FEDKIT_RECIPES`` (colon-separated), then fedkit's."""
     extra = [Path(p) for p in os.environ.get("FEDKIT_RECIPES", "").split(os.pathsep) if p]
-    return [*extra, Path(__file__).resolve().parent.parent / "recipes"]
+    return [*extra, Path(str(files("fedkit_recipes")))]
 
 
 def shipped() -> dict[str, Path]:

@@ -33,14 +33,17 @@ from fedkit.engine import Reporter, Run, SilentReporter, prepare, run_round
 from fedkit.errors import FedkitError, RecipeError
 from fedkit.integrity import sha256_file
 from fedkit.lock import LOCK
+from fedkit.logs import (
+    CLIENTS,
+    FAILURES,
+    LEDGER,
+    LOGS,
+    METRICS,
+    RECIPE,
+    read_metrics,
+)
 from fedkit.recipe import Recipe, apply_overrides, dump_recipe, load_recipe, validate
 
-RECIPE = "recipe.yaml"
-METRICS = "metrics.jsonl"
-CLIENTS = "clients.jsonl"
-LEDGER = "ledger.jsonl"
-FAILURES = "failures.jsonl"
-LOGS = (METRICS, CLIENTS, LEDGER, FAILURES)
 JOURNAL = Path("checkpoints") / "journal"
 PER_CLIENT = ("per_client", "clusters")
 RESUME_KEYS = ("federation.rounds", "evaluation.")
@@ -52,36 +55,21 @@ def default_out(recipe_name: str) -> Path:
     return Path("runs") / f"{recipe_name}-{stamp}"
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def read_metrics(out: Path) -> list[dict[str, Any]]:
-    """The run's metrics rows (per-client values are in ``read_clients``)."""
-    return read_jsonl(out / METRICS)
-
-
-def read_clients(out: Path) -> list[dict[str, Any]]:
-    """Per round: ``per_client`` values and the ``clusters`` the sampled clients chose."""
-    return read_jsonl(out / CLIENTS)
-
-
-def read_ledger(out: Path) -> list[dict[str, Any]]:
-    """Bytes per round and client: down/up × model/aux/data."""
-    return read_jsonl(out / LEDGER)
+def per_client_key(key: str, value: Any) -> bool:
+    """Whether a row entry holds one value per client (it goes to ``clients.jsonl``)."""
+    return key in PER_CLIENT or (key.startswith("client_") and isinstance(value, dict))
 
 
 def split_row(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A round's metrics row without its per-client parts, and those parts: what each
-    sampled client reported and the cluster each chose (so rows stay small however many
-    clients there are)."""
-    slim = {k: v for k, v in row.items() if k not in PER_CLIENT}
+    sampled client reported, the cluster each chose, per-client evaluation
+    (``client_*``) — so rows stay small however many clients there are."""
+    slim = {k: v for k, v in row.items() if not per_client_key(k, v)}
     sampled = {str(c) for c in row.get("clients", [])}
     clusters = {c: k for c, k in row.get("clusters", {}).items() if c in sampled}
+    clients = {k: v for k, v in row.items() if per_client_key(k, v) and k not in PER_CLIENT}
     per_client = row.get("per_client", {})
-    return slim, {"round": row["round"], "per_client": per_client, "clusters": clusters}
+    return slim, {"round": row["round"], "per_client": per_client, "clusters": clusters, **clients}
 
 
 def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -91,7 +91,9 @@ class Worker:
         ctx.cluster = 0 if cluster is None else int(cluster)
         ctx.received.update(ctx.fetch(ctx.cluster))
         local = {**self.template_state, **(memory.model or {})}
-        claimed = plugins.claims("update_client", ctx=ctx, received=ctx.received, local=local)
+        claimed = plugins.claims(
+            "update_client", reference=local, ctx=ctx, received=ctx.received, local=local
+        )
         merged = {**local, **ctx.received, **claimed}
         model.load_state_dict({k: merged[k] for k in local})
         before = _detached(model.state_dict()) if self._measures else {}

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny recipes on the embedded digits data, fast enough for CI."""
+"""Shared fixtures: tiny recipes on the embedded digits data (``fedkit.testing``, the
+helpers plugin authors use too), spies on what crosses, fast enough for CI."""
 
 from __future__ import annotations
 
@@ -11,39 +12,12 @@ import torch
 import yaml
 
 from fedkit import hookimpl
+from fedkit.testing import Loaded, tiny_recipe  # noqa: F401 - the tests' tiny recipe
 
 torch.set_num_threads(int(os.environ.get("FEDKIT_TEST_THREADS", "1")))
-
-
-def tiny_recipe(**sections: Any) -> dict[str, Any]:
-    """A FedAvg recipe on 300 digits images, 3 clients, 2 rounds, 16×16 inputs."""
-    raw: dict[str, Any] = {
-        "seed": 0,
-        "backbone": {"name": "test_resnet"},
-        "data": {
-            "dataset": "digits",
-            "image_size": 16,
-            "num_clients": 3,
-            "max_train": 300,
-            "local_test_size": 20,
-            "partition": {"name": "dirichlet", "alpha": 1.0},
-        },
-        "federation": {
-            "rounds": 2,
-            "clients_per_round": 3,
-            "batch_size": 32,
-            "optimizer": {"name": "adam", "lr": 0.003},
-        },
-        "plugins": ["fedavg"],
-        "evaluation": {"protocol": "supervised", "every": 1},
-        "device": "cpu",
-    }
-    for name, value in sections.items():
-        if isinstance(value, dict) and isinstance(raw.get(name), dict):
-            raw[name] = {**raw[name], **value}
-        else:
-            raw[name] = value
-    return raw
+# Runs in tests skip the end-of-run report (a second or two each, matplotlib);
+# tests/test_reports.py asks for it with --report.
+os.environ["FEDKIT_REPORT"] = "0"
 
 
 @pytest.fixture
@@ -61,14 +35,7 @@ def write_recipe(tmp_path: Path):
     return write
 
 
-class LoadedEntryPoint:
-    """Stands in for an ``importlib.metadata.EntryPoint`` whose target is already loaded."""
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def load(self) -> Any:
-        return self.obj
+LoadedEntryPoint = Loaded
 
 
 def activate(raw: dict[str, Any], **extra: Any):

@@ -19,7 +19,7 @@ from conftest import attach_spy
 from PIL import Image
 from safetensors.torch import save_file
 
-from fedkit import rundir
+from fedkit import logs, rundir
 from fedkit.aggregation import weighted_mean
 from fedkit.checkpoint import saved_part
 from fedkit.client import ClientMemory
@@ -249,7 +249,7 @@ def test_cpcfl_stage1_saves_a_reusable_encoder_and_scores_relevance(
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert -1.0 <= first["relevance_score"] <= 1.0
     assert summary["final"]["round"] == 1  # its clusters are in clients.jsonl
-    assert rundir.read_clients(out)[-1]["clusters"].keys() == {str(i) for i in range(9)}
+    assert logs.read_clients(out)[-1]["clusters"].keys() == {str(i) for i in range(9)}
     assert all(torch.equal(load_encoder(out)[k], v) for k, v in saved.items())
     reuse = prepare(recipe(blobs, {"cpcfl": {"encoder": str(out)}}))
     assert all(torch.equal(reuse.server.pool[0][f"encoder.{k}"], v) for k, v in saved.items())
@@ -338,7 +338,7 @@ def test_run_directory_records_identities_and_cluster_metrics_every_round(
     rundir.execute(rundir.start(rec, out), out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
-    identities = rundir.read_clients(out)  # every client is sampled: all 9 every round
+    identities = logs.read_clients(out)  # every client is sampled: all 9 every round
     assert [r["round"] for r in identities] == [1, 2]
     for row, ids in zip(rows, identities, strict=True):
         assert set(ids["clusters"]) == {str(i) for i in range(9)}

@@ -53,6 +53,7 @@ COMBOS = {
     "fedbn": supervised("fedbn"),
     "dp": supervised({"dp": {"clip": 1.0, "noise_multiplier": 0.5}}),
     "fedopt": supervised({"fedopt": {"optimizer": "adam"}}),
+    "tensorboard": supervised({"tensorboard": {"logdir": "TMP"}}),
     "fedbyol+dapu": ssl_recipe("fedbyol", ("dapu", {"mu": 0.05})),
     "fedu+dapu": ssl_recipe(("fedu", {"upload": "target"}), ("dapu", {"mu": 0.05})),
     "fedsimsiam": ssl_recipe("fedsimsiam"),
@@ -71,6 +72,22 @@ COMBOS = {
         }
     ),
 }
+
+
+def with_logdir(raw: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """The recipe with an observer's ``TMP`` output directory placed under ``tmp_path``."""
+
+    def place(spec: Any) -> Any:
+        if not isinstance(spec, dict):
+            return spec
+        return {
+            name: {**options, "logdir": str(tmp_path / "tb")}
+            if options.get("logdir") == "TMP"
+            else options
+            for name, options in spec.items()
+        }
+
+    return {**raw, "plugins": [place(spec) for spec in raw["plugins"]]}
 
 
 def server_objects(value: Any, depth: int = 0) -> list[Any]:
@@ -123,8 +140,8 @@ def same_tensors(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.parametrize("combo", list(COMBOS))
-def test_client_hooks_see_only_a_client_context_and_sides_share_nothing(combo):
-    raw = COMBOS[combo]
+def test_client_hooks_see_only_a_client_context_and_sides_share_nothing(combo, tmp_path):
+    raw = with_logdir(COMBOS[combo], tmp_path)
     run = prepared(raw)
     check = ContextCheck()
     run.executor.worker.plugins.observe(check.before)

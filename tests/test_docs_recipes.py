@@ -35,5 +35,10 @@ def test_every_shipped_recipe_validates_and_has_a_description(name, tmp_path):
     args = ["validate", str(path)]
     if "root:" in path.read_text():
         args += ["--set", f"data.root={tmp_path}"]
+    text = path.read_text()
+    if "name: test_" not in text or "encoder: runs/" in text:
+        # GPU-scale recipes: their dry round would pre-train a ResNet for the paper's epochs
+        # (the -small recipe with the same plugins runs it); a warm start needs its run.
+        args.append("--no-dry-run")
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import prepared, tiny_recipe
 
-from fedkit import hookimpl, rundir
+from fedkit import hookimpl, logs, rundir
 from fedkit.engine import run_round
 from fedkit.errors import RoundFailed
 from fedkit.faults import KINDS, draw
@@ -99,7 +99,7 @@ def test_below_quorum_stops_the_run_with_its_checkpoint_intact(tmp_path):
     message = rf"round {stop}: {answered[stop - 1]} of 6 clients answered.*min_clients \(5\)"
     with pytest.raises(RoundFailed, match=message):
         rundir.execute(run, out)
-    assert [r["round"] for r in rundir.read_metrics(out)] == list(range(1, stop))
+    assert [r["round"] for r in logs.read_metrics(out)] == list(range(1, stop))
     _, done = rundir.resume(out)
     assert done == stop - 1
 
@@ -112,10 +112,10 @@ def test_faults_are_the_same_on_resume(tmp_path):
     rundir.commit(half, tmp_path / "half", [run_round(half, 1)], 1)
     resumed, done = rundir.resume(tmp_path / "half")
     rundir.execute(resumed, tmp_path / "half", done)
-    for read in (rundir.read_metrics, rundir.read_clients, rundir.read_ledger):
+    for read in (logs.read_metrics, logs.read_clients, logs.read_ledger):
         assert read(tmp_path / "half") == read(tmp_path / "full")
-    failures = rundir.read_jsonl(tmp_path / "full" / "failures.jsonl")
-    assert failures and failures == rundir.read_jsonl(tmp_path / "half" / "failures.jsonl")
+    failures = logs.read_jsonl(tmp_path / "full" / "failures.jsonl")
+    assert failures and failures == logs.read_jsonl(tmp_path / "half" / "failures.jsonl")
 
 
 def test_fault_probabilities_must_sum_to_at_most_one():

@@ -22,7 +22,7 @@ from conftest import tiny_recipe
 from test_resume import fedkit
 from typer.testing import CliRunner
 
-from fedkit import atomic, checkpoint, rundir
+from fedkit import atomic, checkpoint, logs, rundir
 from fedkit.cli import app
 from fedkit.errors import FedkitError
 from fedkit.integrity import sha256_file
@@ -60,7 +60,7 @@ def test_a_learning_rate_that_explodes_stops_the_run_clearly(write_recipe, tmp_p
     assert "round 1: 0 of 3 clients answered" in text and "non-finite" in text
     assert "client 0" in text and f"federation.optimizer.lr = {optimizer['lr']:g}" in text
     assert checkpoint.read(out).round == 0  # the last good checkpoint is intact
-    assert rundir.read_metrics(out) == []
+    assert logs.read_metrics(out) == []
 
 
 def test_the_global_model_is_checked_before_it_is_kept():
@@ -103,7 +103,7 @@ def test_clients_without_data_are_reported_and_never_sampled(write_recipe, tmp_p
     }
     empty = [c for c, n in sizes.items() if n == 0]
     assert empty and f"{len(empty)} of 250 clients hold no training data" in result.output
-    for row in rundir.read_metrics(out):
+    for row in logs.read_metrics(out):
         assert all(sizes[c] > 0 for c in row["clients"])
         assert row["train_loss"] > 0
 
@@ -130,7 +130,7 @@ def reference(tmp_path_factory):
 def results(out: Path) -> tuple:
     pool = checkpoint.read(out).pool
     flat = {f"{c}/{k}": v for c, s in pool.items() for k, v in s.items()}
-    return rundir.read_metrics(out), rundir.read_clients(out), rundir.read_ledger(out), flat
+    return logs.read_metrics(out), logs.read_clients(out), logs.read_ledger(out), flat
 
 
 def finish(out: Path) -> None:
@@ -152,7 +152,7 @@ def damageable(half: Path) -> list[str]:
         str(p.relative_to(half)) for p in sorted((half / "checkpoints").rglob("*")) if p.is_file()
     ]
     names += [str(p.relative_to(half)) for p in sorted((half / "clients").glob("*"))]
-    names += [*rundir.LOGS, rundir.RECIPE]
+    names += [*logs.LOGS, logs.RECIPE]
     return [n for n in names if (half / n).stat().st_size > 0]
 
 
@@ -201,7 +201,7 @@ def test_no_intact_checkpoint_is_a_clear_stop(reference, tmp_path):
 def test_a_damaged_metrics_log_is_rebuilt_and_reported(reference, tmp_path, damage):
     out = tmp_path / "run"
     shutil.copytree(reference / "half", out)
-    path = out / rundir.METRICS
+    path = out / logs.METRICS
     lines = path.read_text().splitlines(keepends=True)
     if damage == "delete":
         path.unlink()
@@ -254,7 +254,7 @@ def test_resume_accepts_only_safe_changes_and_extends_a_finished_run(reference, 
     assert shorter.exit_code == 2 and "at least 4" in shorter.output
     longer = invoke("run", "--resume", str(out), "--set", "federation.rounds=6")
     assert longer.exit_code == 0, longer.output
-    assert [r["round"] for r in rundir.read_metrics(out)] == [1, 2, 3, 4, 5, 6]
+    assert [r["round"] for r in logs.read_metrics(out)] == [1, 2, 3, 4, 5, 6]
     assert "rounds: 6" in (out / "recipe.yaml").read_text()
 
 
@@ -305,13 +305,11 @@ def test_a_second_writer_is_refused_while_a_run_is_live(write_recipe, tmp_path):
         while checkpoint.latest_round(out) is None:
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
-        again = fedkit("run", "--resume", str(out))
-        assert (
-            again.returncode == 2
-            and f"in use by another fedkit process (pid {proc.pid})" in again.stderr
-        )
-        other = fedkit("run", str(path), "--out", str(out))
-        assert other.returncode == 2 and "in use" in other.stderr
+        again = CliRunner().invoke(app, ["run", "--resume", str(out)])
+        message = f"in use by another fedkit process (pid {proc.pid})"
+        assert again.exit_code == 2 and message in " ".join(again.output.split())
+        other = CliRunner().invoke(app, ["run", str(path), "--out", str(out)])
+        assert other.exit_code == 2 and "in use" in other.output
     finally:
         proc.kill()
         proc.wait()
@@ -327,6 +325,9 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(write_recipe, tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # a shell without job control starts background jobs with Ctrl-C ignored, and
+        # the child would inherit that: give it the terminal's default, as a user has
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while checkpoint.latest_round(out) is None:

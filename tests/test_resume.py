@@ -14,8 +14,12 @@ import time
 import torch
 from conftest import tiny_recipe
 from safetensors.torch import load_file
+from typer.testing import CliRunner
 
-from fedkit.rundir import read_clients, read_ledger, read_metrics
+from fedkit import rundir
+from fedkit.cli import app
+from fedkit.logs import read_clients, read_ledger, read_metrics
+from fedkit.recipe import validate
 
 RECIPE = tiny_recipe(
     federation={"rounds": 5, "clients_per_round": 2},
@@ -48,8 +52,7 @@ def final_pool(out):
 def test_sigkill_after_round_two_then_resume_matches(write_recipe, tmp_path):
     path = write_recipe(RECIPE)
     full, killed = tmp_path / "full", tmp_path / "killed"
-    done = fedkit("run", str(path), "--out", str(full))
-    assert done.returncode == 0, done.stderr
+    rundir.execute(rundir.start(validate(RECIPE), full), full)  # in-process: same numbers
 
     proc = fedkit("run", str(path), "--out", str(killed), wait=False)
     deadline = time.monotonic() + 240
@@ -77,6 +80,6 @@ def test_sigkill_after_round_two_then_resume_matches(write_recipe, tmp_path):
 
 
 def test_resume_needs_a_run_directory(tmp_path):
-    result = fedkit("run", "--resume", str(tmp_path))
-    assert result.returncode == 2
-    assert "recipe.yaml" in result.stderr and "Traceback" not in result.stderr
+    result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "recipe.yaml" in result.output and "Traceback" not in result.output

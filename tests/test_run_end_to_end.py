@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from fedkit.cli import app
 from fedkit.integrity import sha256_file
-from fedkit.rundir import read_clients, read_ledger, read_metrics
+from fedkit.logs import read_clients, read_ledger, read_metrics
 
 runner = CliRunner()
 

@@ -22,10 +22,11 @@ from safetensors.torch import load_file
 from test_resume import checkpoint_round, fedkit
 from torch import nn
 
-from fedkit import hookimpl
+from fedkit import hookimpl, rundir
 from fedkit.engine import run_round
 from fedkit.fit import Objective
-from fedkit.rundir import read_clients, read_metrics
+from fedkit.logs import read_clients, read_metrics
+from fedkit.recipe import validate
 from fedkit.state_store import read_memory
 from fedkit_plugins.scaffold import DELTA, GLOBAL, OWN
 
@@ -176,7 +177,7 @@ def test_control_variates_survive_sigkill_and_resume(write_recipe, tmp_path):
     )
     path = write_recipe(raw)
     full, killed = tmp_path / "full", tmp_path / "killed"
-    assert fedkit("run", str(path), "--out", str(full)).returncode == 0
+    rundir.execute(rundir.start(validate(raw), full), full)  # in-process: same numbers
     proc = fedkit("run", str(path), "--out", str(killed), wait=False)
     deadline = time.monotonic() + 240
     while checkpoint_round(killed) < 2:

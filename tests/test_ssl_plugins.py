@@ -323,6 +323,6 @@ def test_fedkit_eval_reproduces_the_runs_knn_and_scores_clients_and_transfer(tmp
     recipe.write_text(yaml.safe_dump(own))
     out = tmp_path / "own"
     assert cli.invoke(app, ["run", str(recipe), "--out", str(out)]).exit_code == 0
-    final = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    per_client = json.loads((out / "clients.jsonl").read_text().splitlines()[-1])
     scored = evaluate("--protocol", "knn", "--client", "1")["knn_accuracy"]
-    assert scored == final["client_knn_accuracy"]["1"]
+    assert scored == per_client["client_knn_accuracy"]["1"]

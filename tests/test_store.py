@@ -10,7 +10,7 @@ import torch
 from conftest import prepared, tiny_recipe
 from test_ssl_plugins import ssl_recipe
 
-from fedkit import rundir
+from fedkit import logs, rundir
 from fedkit.client import ClientMemory
 from fedkit.engine import run_round
 from fedkit.integrity import sha256_file
@@ -129,7 +129,7 @@ def test_checkpoints_write_only_clients_that_trained(tmp_path, store):
             / json.loads((out / "checkpoints/latest.json").read_text())["folder"]
         )
         manifest = json.loads((folder / "state.json").read_text())["clients"]
-        trained_last = {str(c) for c in rundir.read_metrics(out)[-1]["clients"]}
+        trained_last = {str(c) for c in logs.read_metrics(out)[-1]["clients"]}
         files = {entry["file"] for cid, entry in manifest.items() if cid in trained_last}
         assert all(name.endswith(".r000002.safetensors") for name in files)
         on_disk = {p.name for p in (out / "clients").glob("*.safetensors")}

@@ -2,8 +2,8 @@
 settings: bundled digits data at 8×8, 6 clients in the 3-group partition, 2 rounds.
 
 Same convention as the SSL tutorials: each ``fedkit`` line of a ```bash block runs (``\\``
-continuations joined), ``$CIFAR10`` points at an empty folder, every ``fedkit run`` gets
-``TINY`` (and, for CP-CFL and IFCA (FedAvg), shorter phases) appended. Commands run in a
+continuations joined), every ``fedkit run`` gets ``TINY`` (and, for CP-CFL and IFCA
+(FedAvg), shorter phases) appended. Commands run in a
 temporary directory, in order, so later commands can use earlier runs.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tutorials import run_tutorial, with_settings
 
-from fedkit.rundir import read_clients
+from fedkit.logs import read_clients
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = ["ifca.md", "cpcfl.md"]

@@ -1,10 +1,9 @@
 """Executes the SSL tutorials' commands, shrunk to tiny settings.
 
 Convention (tests/tutorials.py): the ``fedkit`` lines of ```bash blocks run through the
-CLI. ``$CIFAR10`` stands for the CIFAR-10 subset; here it points at an empty folder
-because every ``fedkit run`` gets ``TINY`` appended, which switches to the bundled
-digits data, one round, small batches. ``fedkit eval`` gets ``TINY_EVAL`` (short
-probes). Commands run in a temporary directory.
+CLI. Every ``fedkit run`` gets ``TINY`` appended, which switches from CIFAR-10 (never
+downloaded here) to the bundled digits data, one round, small batches. ``fedkit eval``
+gets ``TINY_EVAL`` (short probes). Commands run in a temporary directory.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 from tutorials import run_tutorial, with_settings
 
-from fedkit.rundir import read_metrics
+from fedkit.logs import read_clients, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = ["fedu.md", "dapu.md", "fedsimclr.md", "fedbyol-fedsimsiam.md"]
@@ -38,7 +37,7 @@ TINY_EVAL = ["evaluation.linear_epochs=10", "evaluation.semi_epochs=1", "evaluat
 
 
 def shrunk(args: list[str]) -> list[str]:
-    return with_settings(args, {"run": TINY, "eval": TINY_EVAL}.get(args[0], []))
+    return with_settings(args, {"run": TINY, "validate": TINY, "eval": TINY_EVAL}.get(args[0], []))
 
 
 @pytest.mark.parametrize("page", TUTORIALS)
@@ -47,7 +46,8 @@ def test_tutorial_commands_run(page, tmp_path, monkeypatch):
     for args, _ in done:
         if args[0] == "run" and any("single_client" in a for a in args):
             # the single-client baseline scores each client's own encoder
-            final = read_metrics(Path(args[args.index("--out") + 1]))[-1]
-            scores = final["client_linear_accuracy"]
+            out = Path(args[args.index("--out") + 1])
+            final = read_metrics(out)[-1]
+            scores = read_clients(out)[-1]["client_linear_accuracy"]  # per-client log
             assert set(scores) == {"0", "1", "2"}
             assert final["personal_linear_accuracy"] == pytest.approx(sum(scores.values()) / 3)

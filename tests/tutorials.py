@@ -1,6 +1,6 @@
 """How the tests execute tutorials: every line of a ```bash block that starts with
 ``fedkit`` is a command the reader is meant to run (``\\`` continuations joined,
-environment variables such as ``$CIFAR10`` expanded). Each tutorial test appends its own
+environment variables expanded). Each tutorial test appends its own
 tiny ``--set`` overrides so the commands finish in seconds on the digits data."""
 
 from __future__ import annotations
@@ -42,10 +42,9 @@ def run_tutorial(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> list[tuple[list[str], Result]]:
-    """Run a page's commands in order inside ``tmp_path`` (``$CIFAR10`` pointing there),
-    each shrunk by ``shrink``; every one must exit 0. Returns (args, result) pairs."""
+    """Run a page's commands in order inside ``tmp_path``, each shrunk by ``shrink``; every one
+    must exit 0. Returns (args, result) pairs."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("CIFAR10", str(tmp_path))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     cmds = commands(page)
     assert any(c[0] == "run" for c in cmds), f"{page.name} has no `fedkit run` command"

@@ -74,15 +74,19 @@ def personal_models(
 
 def supervised_metrics(server: Server, population: Population) -> dict[str, Any]:
     """Personalised accuracy (mean over clients of their personal model on their local
-    test set), F1/AUROC for clustered set-ups, and global test accuracy (pool of one)."""
+    test set; each client's in ``client_accuracy``), F1/AUROC for clustered set-ups, and
+    global test accuracy (pool of one)."""
     cfg = server.recipe.evaluation
     clustered = len(server.pool) > 1 or server.data.groups is not None
-    per_client, predictions = [], []
+    per_client, predictions = {}, []
     for data, _, model in personal_models(server, population):
-        per_client.append(accuracy(model, data.test, server.device))
+        per_client[str(data.id)] = accuracy(model, data.test, server.device)
         if clustered:
             predictions.append(predict(model, data.test, server.device))
-    metrics: dict[str, Any] = {"personalized_accuracy": float(np.mean(per_client))}
+    metrics: dict[str, Any] = {
+        "personalized_accuracy": float(np.mean(list(per_client.values()))),
+        "client_accuracy": per_client,
+    }
     if clustered:
         metrics.update(personalized_metrics(predictions, server.data.num_classes))
     if len(server.pool) == 1:

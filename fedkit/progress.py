@@ -1,0 +1,99 @@
+"""What a person sees during a run: rich progress bars, a line per round, a summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+SHOWN = (
+    "train_loss",
+    "test_accuracy",
+    "personalized_accuracy",
+    "knn_accuracy",
+    "linear_accuracy",
+    "ari",
+)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def round_line(metrics: dict[str, Any], rounds: int) -> str:
+    parts = [f"round {metrics['round']:>3}/{rounds}"]
+    for key in SHOWN:
+        value = metrics.get(key)
+        if isinstance(value, float):
+            parts.append(f"{key} {value:.4f}")
+    sent = metrics.get("bytes", {})
+    if sent:
+        parts.append(f"up {human_bytes(sent['up_model'] + sent['up_data'])}")
+        parts.append(f"down {human_bytes(sent['down_model'] + sent['down_data'])}")
+    return "  ".join(parts)
+
+
+class RichReporter:
+    """Progress bars for rounds and clients, and one printed line per finished round."""
+
+    def __init__(self, console: Console, rounds: int, done: int = 0) -> None:
+        self.console, self.rounds = console, rounds
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        self.round_task = self.progress.add_task("rounds", total=rounds, completed=done)
+        self.client_task = self.progress.add_task("clients", total=1)
+
+    def __enter__(self) -> RichReporter:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def round_started(self, round: int, clients: list[int]) -> None:
+        self.progress.reset(
+            self.client_task, total=len(clients), description=f"round {round} clients"
+        )
+
+    def client_done(self, round: int, client: int) -> None:
+        self.progress.advance(self.client_task)
+
+    def round_done(self, round: int, metrics: dict[str, Any]) -> None:
+        self.progress.advance(self.round_task)
+        self.progress.console.print(round_line(metrics, self.rounds))
+
+
+def summary_table(summary: dict[str, Any], out: str) -> Table:
+    table = Table(title=f"run summary — {out}", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    final = summary.get("final", {})
+    table.add_row("rounds", str(summary["rounds"]))
+    table.add_row("plugins", ", ".join(summary["plugins"]))
+    for key, value in final.items():
+        if isinstance(value, float):
+            table.add_row(key, f"{value:.4f}")
+    for key, value in summary["bytes"].items():
+        table.add_row(f"bytes {key}", human_bytes(value))
+    return table

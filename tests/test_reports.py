@@ -1,0 +1,186 @@
+"""Run reports, run comparison and the observers: what ``fedkit run`` writes at the end,
+``fedkit report`` / ``fedkit compare`` on finished runs, the page checked in a real
+headless browser (when Chromium is installed), and TensorBoard's scalars."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from test_clustered import make_blobs, recipe
+from test_ssl_plugins import ssl_recipe
+from typer.testing import CliRunner
+
+from fedkit import logs
+from fedkit.cli import app
+from fedkit.report import RunData, client_values_plot, pyplot
+from fedkit.testing import run_recipe, tiny_recipe
+
+runner = CliRunner()
+PNG = b"\x89PNG\r\n\x1a\n"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def cli_run(path: Path, out: Path, *extra: str):
+    result = runner.invoke(app, ["run", str(path), "--out", str(out), "--report", *extra])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def ifca_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four IFCA rounds on 9 generated clients in 3 groups, run through the CLI."""
+    root = tmp_path_factory.mktemp("ifca")
+    raw = recipe(
+        make_blobs(root / "blobs"),
+        {"ifca": {"restarts": 3}},
+        **{"federation.rounds": 4, "federation.local_epochs": 2},
+    ).model_dump(mode="json")
+    path = root / "ifca.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cli_run(path, root / "run")
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def fedavg_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two tiny FedAvg runs (seeds 0 and 1): one with ``--json``, one with ``--quiet``."""
+    root = tmp_path_factory.mktemp("fedavg")
+    outs = []
+    for seed, flag in ((0, "--json"), (1, "--quiet")):
+        path = root / f"seed{seed}.yaml"
+        path.write_text(yaml.safe_dump({**tiny_recipe(), "seed": seed}))
+        result = cli_run(path, root / f"seed{seed}", flag)
+        (root / f"seed{seed}.out").write_text(result.stdout)
+        outs.append(root / f"seed{seed}")
+    return outs
+
+
+def images_of(page: Path) -> list[bytes]:
+    sources = re.findall(r'<img [^>]*src="([^"]+)"', page.read_text())
+    assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
+    return [base64.b64decode(s.split(",", 1)[1]) for s in sources]
+
+
+def test_run_writes_a_self_contained_report_with_every_plot(ifca_run: Path) -> None:
+    plots = {p.stem: p.read_bytes() for p in (ifca_run / "report").glob("*.png")}
+    assert {"accuracy", "loss", "bytes", "client_accuracy", "clusters", "partition"} <= set(plots)
+    assert all(png.startswith(PNG) for png in plots.values())
+    inlined = images_of(ifca_run / "report.html")
+    assert sorted(inlined) == sorted(plots.values())  # every plot, inlined, nothing linked
+    text = (ifca_run / "report.html").read_text()
+    assert "<h2>Partition</h2>" in text and text.count("<tr><td>") >= 9  # a row per client
+    assert "<h2>Recipe</h2>" in text and "ifca" in text
+
+
+def test_report_command_rewrites_the_page_from_the_run_directory(ifca_run: Path) -> None:
+    (ifca_run / "report.html").unlink()
+    result = runner.invoke(app, ["report", str(ifca_run)])
+    assert result.exit_code == 0, result.output
+    assert len(images_of(ifca_run / "report.html")) >= 6
+
+
+def test_cluster_plot_reads_every_client_every_round(ifca_run: Path) -> None:
+    data = RunData(ifca_run)
+    assert [row["round"] for row in data.clients] == [1, 2, 3, 4]
+    assert all(len(row["clusters"]) == 9 for row in data.clients)
+    assert data.series("ari")[0] == [1, 2, 3, 4]
+
+
+def test_report_of_a_dapu_run_plots_its_divergences_and_decisions(tmp_path: Path) -> None:
+    raw = ssl_recipe("fedu", ("dapu", {"mu": 0.4}), rounds=3)
+    path = tmp_path / "dapu.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cli_run(path, tmp_path / "run")
+    assert (tmp_path / "run" / "report" / "client_values.png").read_bytes().startswith(PNG)
+    plt = pyplot()
+    fig = client_values_plot(plt, RunData(tmp_path / "run"))
+    labels = {ax.get_ylabel() for ax in fig.axes}
+    plt.close(fig)
+    assert {"dapu_divergence", "dapu_global"} <= labels
+
+
+def test_no_report_writes_no_page(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(tiny_recipe(federation={"rounds": 1})))
+    result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "run"), "--no-report"])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "run" / "report.html").exists()
+    assert not (tmp_path / "run" / "report").exists()
+
+
+def test_report_of_a_folder_that_is_not_a_run_exits_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "expected a run directory" in result.output and "Traceback" not in result.output
+
+
+def test_json_prints_a_parseable_summary_and_quiet_prints_no_table(
+    fedavg_runs: list[Path],
+) -> None:
+    summary = json.loads((fedavg_runs[0].parent / "seed0.out").read_text())
+    assert summary["run_dir"] == str(fedavg_runs[0])
+    assert summary["report"] == str(fedavg_runs[0] / "report.html")
+    last = logs.read_metrics(fedavg_runs[0])[-1]
+    assert summary["final"]["test_accuracy"] == last["test_accuracy"]
+    quiet = (fedavg_runs[1].parent / "seed1.out").read_text()
+    assert "run summary" not in quiet and "round" not in quiet
+
+
+def test_compare_puts_runs_side_by_side(fedavg_runs: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    args = ["compare", *map(str, fedavg_runs), "--out", str(out), "--markdown"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    table = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    assert len(table) == 4 and "test_accuracy final / best (round)" in table[0]
+    finals = [logs.read_metrics(run)[-1]["test_accuracy"] for run in fedavg_runs]
+    for line, run, final in zip(table[2:], fedavg_runs, finals, strict=True):
+        assert str(run) in line and f"{final:.4f}" in line
+    assert len(images_of(out / "compare.html")) >= 3  # accuracy, personalised, loss
+
+
+def test_compare_needs_two_runs(fedavg_runs: list[Path]) -> None:
+    result = runner.invoke(app, ["compare", str(fedavg_runs[0])])
+    assert result.exit_code == 2 and "at least two" in result.output
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
+def test_pages_load_in_headless_chromium_with_every_image_and_no_error(
+    ifca_run: Path, fedavg_runs: list[Path], tmp_path: Path
+) -> None:
+    runner.invoke(app, ["compare", *map(str, fedavg_runs), "--out", str(tmp_path)])
+    for page in (ifca_run / "report.html", tmp_path / "compare.html"):
+        dom = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        found = re.search(r'<body data-images="(\d+)/(\d+)" data-errors="(\d+)"', dom)
+        assert found, f"{page.name}: the page's check did not run"
+        loaded, total, errors = map(int, found.groups())
+        assert loaded == total == len(images_of(page)) and errors == 0
+
+
+def test_tensorboard_observer_logs_each_rows_numbers(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = tmp_path / "tb"
+    raw = tiny_recipe(plugins=["fedavg", {"tensorboard": {"logdir": str(logdir)}}])
+    result = run_recipe(raw)
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    for tag in ("test_accuracy", "train_loss", "bytes/up_model"):
+        logged = [(e.step, e.value) for e in events.Scalars(tag)]
+        wanted = [
+            (r["round"], r[tag] if "/" not in tag else r["bytes"]["up_model"]) for r in result.rows
+        ]
+        assert [s for s, _ in logged] == [s for s, _ in wanted]
+        assert [v for _, v in logged] == pytest.approx([v for _, v in wanted], rel=1e-6)
