@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[dev]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
+	$(BIN)/python -m pip install -q --no-compile -e '.[dev]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
 	touch $(STAMP)
 
 demo: $(STAMP)

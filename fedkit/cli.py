@@ -242,7 +242,10 @@ def validate(
         bool,
         typer.Option(
             "--dry-run/--no-dry-run",
-            help="Also run one round on a few embedded images (finds key-claim conflicts).",
+            help=(
+                "Also run one round on a few embedded images (finds key-claim conflicts); "
+                "plugins that pre-train on the server do so for their configured epochs."
+            ),
         ),
     ] = True,
 ) -> None:

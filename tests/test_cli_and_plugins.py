@@ -3,9 +3,6 @@ registry-wide checks every installed plugin must pass."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -101,32 +98,21 @@ def install_fake_package(root):
     (info / "entry_points.txt").write_text("[fedkit]\nshrink = shrink_plugin:Shrink\n")
 
 
-def test_third_party_plugin_is_listed_and_usable(tmp_path, write_recipe):
+def test_third_party_plugin_is_listed_and_usable(tmp_path, write_recipe, monkeypatch):
     site = tmp_path / "site"
     site.mkdir()
     install_fake_package(site)
-    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    listed = subprocess.run(
-        [sys.executable, "-m", "fedkit", "plugins"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert listed.returncode == 0, listed.stderr
-    line = next(ln for ln in listed.stdout.splitlines() if "shrink" in ln)
+    monkeypatch.syspath_prepend(str(site))  # as an installed distribution on sys.path is seen
+    monkeypatch.setenv("COLUMNS", "200")
+    listed = CliRunner().invoke(app, ["plugins"])
+    assert listed.exit_code == 0, listed.output
+    line = next(ln for ln in listed.output.splitlines() if "shrink" in ln)
     assert "shrink-plugin 1.2.3" in line and "aggregate" in line
 
     recipe = write_recipe(
         tiny_recipe(plugins=["fedavg", {"shrink": {"factor": 0.25}}], federation={"rounds": 1})
     )
     out = tmp_path / "out"
-    ran = subprocess.run(
-        [sys.executable, "-m", "fedkit", "run", str(recipe), "--out", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert ran.returncode == 0, ran.stderr
+    ran = CliRunner().invoke(app, ["run", str(recipe), "--out", str(out)])
+    assert ran.exit_code == 0, ran.output
     assert '"shrink_factor": 0.25' in (out / "metrics.jsonl").read_text()
