@@ -11,9 +11,11 @@ client-id order, so a run gives the same numbers as the sequential executor.
 
 An actor that dies (a crashed process, a lost node) is replaced and its client retried
 once; a job past ``federation.client_timeout`` is abandoned (its actor replaced) and
-reported as a timeout. ``engine.address`` joins an existing cluster (``auto``,
-``ray://host:port``); without one, a local cluster is started with ``workers × num_cpus``
-CPUs and shut down when the run ends.
+reported as a timeout. The deadline counts from the moment a started actor takes the job:
+an actor's own start (importing torch, building the model) is never charged to a client.
+``engine.address`` joins an existing cluster (``auto``, ``ray://host:port``); without one,
+a local cluster is started with ``workers × num_cpus`` CPUs and shut down when the run
+ends.
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ class RayExecutor:
         if not jobs:
             return
         offers = ray.put([dict(o) for o in jobs[0].offers])
-        queue, idle = deque(jobs), list(self.actors)
+        queue, idle = deque(jobs), []
+        starting = {actor.pid.remote(): actor for actor in self.actors}
         running: dict[Any, tuple[ClientJob, Any, float]] = {}
         while queue or running:
             while queue and idle:
@@ -122,18 +125,24 @@ class RayExecutor:
                 ref = actor.run.remote(sent, offers, self.data_refs[job.client], memory)
                 running[ref] = (job, actor, time.monotonic())
             wait = None
-            if self.timeout is not None:
+            if self.timeout is not None and running:
                 oldest = min(started for _, _, started in running.values())
                 wait = max(0.0, oldest + self.timeout - time.monotonic())
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=wait)
+            ready, _ = ray.wait([*running, *starting], num_returns=1, timeout=wait)
             if not ready:
-                yield from self._abandon_overdue(running, idle)
+                yield from self._abandon_overdue(running, starting)
+                continue
+            if ready[0] in starting:
+                actor = starting.pop(ready[0])
+                ray.get(ready[0])  # an actor that cannot start is the setup's error: raise it
+                idle.append(actor)
                 continue
             job, actor, started = running.pop(ready[0])
             try:
                 result, memory = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
-                idle.append(self.replace(actor))
+                fresh = self.replace(actor)
+                starting[fresh.pid.remote()] = fresh
                 if job.attempt == 0:
                     job.attempt = 1
                     queue.appendleft(job)
@@ -146,13 +155,14 @@ class RayExecutor:
             yield result
 
     def _abandon_overdue(
-        self, running: dict[Any, tuple[ClientJob, Any, float]], idle: list[Any]
+        self, running: dict[Any, tuple[ClientJob, Any, float]], starting: dict[Any, Any]
     ) -> Iterator[ClientResult]:
         now = time.monotonic()
         for ref, (job, actor, started) in list(running.items()):
             if now - started >= self.timeout:
                 del running[ref]
-                idle.append(self.replace(actor))
+                fresh = self.replace(actor)
+                starting[fresh.pid.remote()] = fresh
                 yield ClientResult.failed(
                     job.client,
                     "timeout",

@@ -88,15 +88,15 @@ def test_a_dead_worker_is_replaced_and_its_client_retried(ray_cluster):
 def test_a_client_past_its_deadline_is_abandoned(ray_cluster):
     raw = tiny_recipe(
         data={"num_clients": 4},
-        federation={"rounds": 1, "clients_per_round": 4, "client_timeout": 10.0},
-        faults={"straggler": exactly_one(4), "delay": 40.0},
+        federation={"rounds": 1, "clients_per_round": 4, "client_timeout": 5.0},
+        faults={"straggler": exactly_one(4), "delay": 60.0},
     )
     began = time.monotonic()
     rows, pool = run_all(raw, "ray")
     failures = rows[0].get("failures", {})
     assert len(failures) == 1 and all("client_timeout" in e for e in failures.values())
     assert len(rows[0]["per_client"]) + len(failures) == 4
-    assert time.monotonic() - began < 35  # nobody waited for the straggler
+    assert time.monotonic() - began < 50  # nobody waited for the straggler
     assert all(bool(torch.isfinite(v).all()) for v in pool[0].values() if v.is_floating_point())
 
 
@@ -130,8 +130,9 @@ def kill_and_resume(path, out, seed: int, rounds: int, kills: int = 5) -> list[i
 
 def test_sigkill_at_random_moments_then_resume_matches(ray_cluster, write_recipe, tmp_path):
     """A Ray run with the disk store (joining this module's cluster, as a run joins an
-    existing one), killed five times, against an uninterrupted sequential run (the two
-    executors give the same numbers, tested above)."""
+    existing one; one worker, as each restart pays for starting its actors), killed five
+    times, against an uninterrupted sequential run (the two executors give the same
+    numbers, tested above)."""
     raw = tiny_recipe(
         data={"num_clients": 5, "max_train": 200},
         federation={"rounds": 6, "clients_per_round": 3},
@@ -139,7 +140,7 @@ def test_sigkill_at_random_moments_then_resume_matches(ray_cluster, write_recipe
     full = tmp_path / "full"
     rundir.execute(rundir.start(validate(raw), full), full)
     address = ray.get_runtime_context().gcs_address
-    raw["engine"] = {"executor": "ray", "workers": 2, "store": "disk", "address": address}
+    raw["engine"] = {"executor": "ray", "workers": 1, "store": "disk", "address": address}
     path, killed = write_recipe(raw), tmp_path / "killed"
     killed_at = kill_and_resume(path, killed, seed=7, rounds=6)
     assert len(killed_at) >= 3 and max(killed_at) >= 2  # kills hit the run mid-way
