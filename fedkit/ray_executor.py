@@ -98,15 +98,16 @@ class RayExecutor:
     def _actor(self) -> Any:
         return self.remote.remote(self.setup_ref, self.threads)
 
-    def replace(self, actor: Any) -> Any:
-        """Kill an actor (dead or stuck) and start a fresh one in its place."""
+    def replace(self, actor: Any, starting: dict[Any, Any]) -> None:
+        """Kill an actor (dead or stuck) and start a fresh one in its place; the fresh one
+        joins ``starting`` (ready reference → actor) until it answers."""
         try:
             self.ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 - it may be gone already
             pass
         fresh = self._actor()
         self.actors[self.actors.index(actor)] = fresh
-        return fresh
+        starting[fresh.pid.remote()] = fresh
 
     def run(self, jobs: list[ClientJob]) -> Iterator[ClientResult]:
         ray = self.ray
@@ -141,8 +142,7 @@ class RayExecutor:
             try:
                 result, memory = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
-                fresh = self.replace(actor)
-                starting[fresh.pid.remote()] = fresh
+                self.replace(actor, starting)
                 if job.attempt == 0:
                     job.attempt = 1
                     queue.appendleft(job)
@@ -161,8 +161,7 @@ class RayExecutor:
         for ref, (job, actor, started) in list(running.items()):
             if now - started >= self.timeout:
                 del running[ref]
-                fresh = self.replace(actor)
-                starting[fresh.pid.remote()] = fresh
+                self.replace(actor, starting)
                 yield ClientResult.failed(
                     job.client,
                     "timeout",

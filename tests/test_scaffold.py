@@ -187,8 +187,9 @@ def test_control_variates_survive_sigkill_and_resume(write_recipe, tmp_path):
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert 2 <= checkpoint_round(killed) < 4
     stopped_at = checkpoint_round(killed)
+    assert 2 <= stopped_at < 4
+    assert max(r["round"] for r in read_metrics(killed)) >= stopped_at
     resumed = CliRunner().invoke(app, ["run", "--resume", str(killed)])  # in-process: faster
     assert resumed.exit_code == 0, resumed.output
     assert f"resuming {killed} after round {stopped_at}" in resumed.output.replace("\n", "")
@@ -196,6 +197,7 @@ def test_control_variates_survive_sigkill_and_resume(write_recipe, tmp_path):
     ledger = read_ledger(full)
     assert read_ledger(killed) == ledger and len(ledger) == 4 * 2  # no client booked twice
     assert read_clients(killed) == read_clients(full)  # per-client values, once in metrics
+    assert [r["round"] for r in read_clients(full)] == [1, 2, 3, 4]
     pools = checkpoint_file(full, "pool"), checkpoint_file(killed, "pool")
     for a, b in (pools, (client_memories(full), client_memories(killed))):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
