@@ -191,6 +191,10 @@ def write_report_if_possible(out: Path) -> str | None:
 
 def warn_about(the_run: Any) -> None:
     """Warnings a user should see before the rounds start."""
+    from fedkit import precision
+
+    for warning in precision.check(the_run.recipe.precision, the_run.server.device):
+        errors.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     for name in the_run.plugins.uploads_data_derived():
         errors.print(
             f"[yellow]warning:[/] plugin {name!r} uploads data-derived tensors "

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedkit import faults
+from fedkit import faults, precision
 from fedkit.aggregation import weighted_mean
 from fedkit.client import ClientData
 from fedkit.client_metrics import summarise
@@ -89,6 +89,7 @@ def prepare(
             recipe.federation.clients_per_round,
         )
     device = resolve_device(recipe.device)
+    precision.check(recipe.precision, device)
     data = build_federated_data(recipe.data, recipe.seed)
     server = Server(recipe, data, device)
     holding = eligible(server)
@@ -102,9 +103,12 @@ def prepare(
         )
     if snapshot is not None:
         server.state, server.tensors = snapshot.server_state, snapshot.server_tensors
-    plugins.call("configure", recipe=recipe, server=server)
+    with precision.compute(recipe.precision, recipe.channels_last, device):
+        plugins.call("configure", recipe=recipe, server=server)
     seed_everything(derive(recipe.seed, "init"))
     models = plugins.call("init_models", server=server)
+    if recipe.channels_last:
+        models = [m.to(memory_format=torch.channels_last) for m in models]
     if not models:
         raise RecipeError(
             "plugins",

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from fedkit.precision import adopt_layout
+
 if TYPE_CHECKING:
     from fedkit.client import ClientContext
 
@@ -86,6 +88,7 @@ def run_loop(
     term is also reported as ``loss_<name>``. Sums stay on the device in float64 (no host
     sync per batch) and equal a Python float accumulation bit for bit.
     """
+    adopt_layout(model)
     model.train()
     for part in objective.frozen:
         model[part].eval()

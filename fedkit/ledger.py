@@ -39,12 +39,21 @@ class Ledger:
         self.flushed: dict[str, int] = {**dict.fromkeys(FIELDS, 0), **(flushed or {})}
         self.model_keys: frozenset[str] = frozenset()
         self.aux_patterns: tuple[str, ...] = ()
+        self._categories: dict[tuple[str, frozenset[str], tuple[str, ...]], str] = {}
 
     def category(self, key: str) -> str:
-        if key in self.model_keys:
-            return "model"
-        aux = any(fnmatch.fnmatchcase(key, p) for p in self.aux_patterns)
-        return "aux" if aux else "data"
+        """``model``, ``aux`` or ``data`` (memoised: a round books every key per client)."""
+        memo = (key, self.model_keys, self.aux_patterns)
+        found = self._categories.get(memo)
+        if found is None:
+            if key in self.model_keys:
+                found = "model"
+            elif any(fnmatch.fnmatchcase(key, p) for p in self.aux_patterns):
+                found = "aux"
+            else:
+                found = "data"
+            self._categories[memo] = found
+        return found
 
     def record(
         self, round: int, client: int, direction: str, tensors: Mapping[str, Tensor]

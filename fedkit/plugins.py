@@ -265,6 +265,11 @@ class Plugins:
         """Names of the active plugins implementing ``hook``, in recipe order."""
         return [impl.plugin_name for impl in reversed(self._caller(hook).get_hookimpls())]
 
+    def wants(self, hook: str, argument: str) -> bool:
+        """Whether any active implementation of ``hook`` takes ``argument`` (so a costly
+        argument is computed only for plugins that read it)."""
+        return any(argument in impl.argnames for impl in self._caller(hook).get_hookimpls())
+
     def claims(
         self, hook: str, reference: dict[str, Any] | None = None, **kwargs: Any
     ) -> dict[str, Any]:

@@ -187,6 +187,8 @@ class Recipe(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     faults: FaultConfig = Field(default_factory=FaultConfig)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16"] = "fp32"
+    channels_last: bool = False
 
     @field_validator("plugins", mode="before")
     @classmethod

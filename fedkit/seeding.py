@@ -18,10 +18,15 @@ def derive(seed: int, *parts: int | str) -> int:
 
 
 def seed_everything(seed: int) -> torch.Generator:
-    """Seed python, numpy and torch; return a fresh CPU generator with the same seed."""
+    """Seed python, numpy and torch; return a fresh CPU generator with the same seed.
+
+    Seeds the CPU generator (and CUDA's, where present) directly: ``torch.manual_seed``
+    also queues seeds for every other backend, which costs ~2 ms a call, paid per client."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
     return torch.Generator().manual_seed(seed)
 
 

@@ -3,6 +3,7 @@ and the supervised objective that supervised plugins share."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -37,10 +38,28 @@ def batches(
         yield data.images[idx], data.labels[idx]
 
 
+def transfer(x: Tensor, device: torch.device) -> Tensor:
+    """``x`` on ``device``; to a GPU through pinned memory without blocking the host, so
+    the copy overlaps the work already queued."""
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _statistics(
+    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    return (
+        torch.tensor(mean, device=device).view(1, -1, 1, 1),
+        torch.tensor(std, device=device).view(1, -1, 1, 1),
+    )
+
+
 def normalize(images: Tensor, data: ImageSet) -> Tensor:
-    """uint8 N×3×H×W → float, scaled to 0..1 and standardised with the set's statistics."""
-    mean = torch.tensor(data.mean, device=images.device).view(1, -1, 1, 1)
-    std = torch.tensor(data.std, device=images.device).view(1, -1, 1, 1)
+    """uint8 N×3×H×W → float, scaled to 0..1 and standardised with the set's statistics
+    (made once per device, not per batch: on a GPU each would be a blocking copy)."""
+    mean, std = _statistics(tuple(data.mean), tuple(data.std), images.device)
     return (images.float() / 255.0 - mean) / std
 
 
@@ -78,7 +97,7 @@ def labelled_batches(
     for x, y in batches(data, batch_size, generator=generator, drop_last=drop_last):
         if skip_single and len(y) < 2:
             continue
-        yield normalize(x.to(device), data), y.to(device)
+        yield normalize(transfer(x, device), data), transfer(y, device)
 
 
 def has_batchnorm(model: nn.Module) -> bool:
@@ -116,20 +135,20 @@ def supervised_objective(
 def supervised_loss(model: nn.ModuleDict, data: ImageSet, device: torch.device) -> float:
     """Mean cross-entropy of a model on a whole image set, in eval mode (no update)."""
     model.eval()
-    total, count = 0.0, 0
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
     for x, y in batches(data, 512, shuffle=False):
-        out = logits(model, normalize(x.to(device), data))
-        total += F.cross_entropy(out, y.to(device), reduction="sum").item()
+        out = logits(model, normalize(transfer(x, device), data))
+        total += F.cross_entropy(out.float(), transfer(y, device), reduction="sum")
         count += len(y)
-    return total / max(count, 1)
+    return total.item() / max(count, 1)
 
 
 @torch.no_grad()
 def accuracy(model: nn.ModuleDict, data: ImageSet, device: torch.device) -> float:
     """Top-1 accuracy of encoder → classifier on an image set."""
     model.eval()
-    correct = 0
+    correct = torch.zeros((), dtype=torch.long, device=device)
     for x, y in batches(data, 512, shuffle=False):
-        pred = logits(model, normalize(x.to(device), data)).argmax(1)
-        correct += (pred.cpu() == y).sum().item()
-    return correct / max(len(data), 1)
+        pred = logits(model, normalize(transfer(x, device), data)).argmax(1)
+        correct += (pred == transfer(y, device)).sum()
+    return correct.item() / max(len(data), 1)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedkit import precision
 from fedkit.client import ClientContext, ClientData, ClientMemory, ModelKeys
 from fedkit.errors import FedkitError, PluginError, RecipeError
 from fedkit.faults import InjectedCrash, InjectedFault
@@ -39,7 +40,14 @@ def _detached(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def non_finite(tensors: dict[str, Tensor]) -> str | None:
-    """The first key whose floating tensor holds a NaN or an infinity, if any."""
+    """The first key whose floating tensor holds a NaN or an infinity, if any.
+
+    A NaN or infinity makes its tensor's sum non-finite, so one check over the stacked
+    sums clears the usual all-finite case (per-tensor checks cost more than training a
+    small client); only a non-finite sum (or an overflowing one) searches key by key."""
+    sums = [v.sum().float().cpu() for v in tensors.values() if v.is_floating_point()]
+    if not sums or bool(torch.stack(sums).isfinite().all()):
+        return None
     for key, value in tensors.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             return key
@@ -61,7 +69,7 @@ class Worker:
             frozenset(setup.private),
         )
         self.kept = setup.kept if setup.kept is not None else self.keys.model
-        self._measures = bool(self.plugins.implementers("after_local_train"))
+        self._wants_before = self.plugins.wants("after_local_train", "before")
 
     def context(self, job: ClientJob, data: ClientData, memory: ClientMemory) -> ClientContext:
         """The client context of a job (seeds the global RNGs for the client's round)."""
@@ -96,7 +104,7 @@ class Worker:
         )
         merged = {**local, **ctx.received, **claimed}
         model.load_state_dict({k: merged[k] for k in local})
-        before = _detached(model.state_dict()) if self._measures else {}
+        before = _detached(model.state_dict()) if self._wants_before else {}
         stats = self.train(ctx)
         for extra in plugins.call("after_local_train", ctx=ctx, model=model, before=before):
             stats.update(extra or {})
@@ -135,8 +143,10 @@ class Worker:
         ``InjectedCrash`` (the worker is meant to die) propagate."""
         if job.fault == "dropout":
             return ClientResult.failed(job.client, "dropout", "the client never answered"), None
+        recipe = self.setup.recipe
         try:
-            result, memory = self.run(job, data, memory)
+            with precision.compute(recipe.precision, recipe.channels_last, self.device):
+                result, memory = self.run(job, data, memory)
         except (FedkitError, InjectedCrash):
             raise
         except Exception as exc:  # noqa: BLE001 - any client failure is data

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedkit import precision
 from fedkit.client import ClientData
 from fedkit.data.datasets import ImageSet
 from fedkit.evaluation.clustering import identity_metrics, personalized_metrics, predict
@@ -194,7 +195,16 @@ def representation_metrics(
 def evaluate_round(
     server: Server, population: Population, plugins: Plugins, round: int
 ) -> dict[str, Any]:
-    """The core protocol's metrics plus every plugin's ``evaluate`` results."""
+    """The core protocol's metrics plus every plugin's ``evaluate`` results, at the
+    recipe's precision and layout."""
+    recipe = server.recipe
+    with precision.compute(recipe.precision, recipe.channels_last, server.device):
+        return _evaluate(server, population, plugins, round)
+
+
+def _evaluate(
+    server: Server, population: Population, plugins: Plugins, round: int
+) -> dict[str, Any]:
     cfg = server.recipe.evaluation
     metrics: dict[str, Any] = identity_metrics(server)
     if not due(cfg.every, round, server.recipe.federation.rounds):

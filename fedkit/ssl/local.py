@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from fedkit.data.datasets import ImageSet
 from fedkit.fit import Objective
 from fedkit.ssl.augment import TwoViewAugment
-from fedkit.training import batches
+from fedkit.training import batches, transfer
 
 if TYPE_CHECKING:
     from fedkit.client import ClientContext
@@ -46,7 +46,7 @@ def two_view_batches(
     for x, _ in batches(data, batch_size, generator=generator, drop_last=drop_last):
         if len(x) < 2:
             continue
-        yield augment(x.to(device), generator)
+        yield augment(transfer(x, device), generator)
 
 
 def two_view_objective(

@@ -1,0 +1,77 @@
+"""Numeric precision and memory layout of training and evaluation: the recipe's
+``precision`` (``fp32`` or ``bf16``) and ``channels_last``.
+
+The engine enters ``compute`` around everything that runs models: each client's job
+(wherever its worker runs), server-side set-up (``configure``: pre-training, public-set
+features) and evaluation. Inside it, ``bf16`` is ``torch.autocast`` with bfloat16 on the
+run's device (parameters, optimiser state and uploads stay float32; autocast runs
+convolutions and matrix products in bfloat16 and keeps losses and reductions in float32),
+and ``adopt_layout`` turns a model's 4-D weights to channels-last (the core fit loop
+calls it on the model it trains; the server's template is converted once, so every
+model copied from it starts channels-last).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+import torch
+from torch import nn
+
+from fedkit.errors import RecipeError
+
+_CHANNELS_LAST: ContextVar[bool] = ContextVar("fedkit_channels_last", default=False)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 in hardware (CUDA with bf16 support; a CPU
+    whose oneDNN build reports bf16 kernels, i.e. AVX-512 BF16 or AMX)."""
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return False
+
+
+def check(precision: str, device: torch.device) -> list[str]:
+    """Refuse a precision the device cannot run; return warnings for one it runs slowly."""
+    if precision != "bf16":
+        return []
+    if device.type == "cuda" and not native_bf16(device):
+        raise RecipeError(
+            "precision",
+            "fp32 (this CUDA device has no bfloat16 support; bf16 needs compute capability "
+            "8.0 or newer)",
+            precision,
+        )
+    if device.type == "cpu" and not native_bf16(device):
+        return [
+            "precision: bf16 on a CPU without bfloat16 instructions (no AVX-512 BF16 or AMX): "
+            "it is emulated and runs several times slower than fp32 (see benchmarks/README.md)"
+        ]
+    return []
+
+
+@contextlib.contextmanager
+def compute(precision: str, channels_last: bool, device: torch.device) -> Iterator[None]:
+    """Run a block at the recipe's precision and layout on ``device``."""
+    token = _CHANNELS_LAST.set(channels_last)
+    try:
+        # No weight-cast cache: the block spans many optimiser steps, and a cached bf16
+        # copy of a parameter would keep its value from the block's first forward pass.
+        bf16 = precision == "bf16"
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+            yield
+    finally:
+        _CHANNELS_LAST.reset(token)
+
+
+def adopt_layout(model: nn.Module) -> nn.Module:
+    """``model`` with channels-last 4-D weights inside a ``compute`` block that asks for
+    them (in place; parameters stay the same objects, so an optimiser holding them stays
+    valid); unchanged otherwise."""
+    if _CHANNELS_LAST.get():
+        model.to(memory_format=torch.channels_last)
+    return model
