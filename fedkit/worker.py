@@ -21,7 +21,8 @@ import time
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedkit import precision
 from fedkit.client import ClientContext, ClientData, ClientMemory, ModelKeys
@@ -37,6 +38,19 @@ from fedkit.seeding import seed_everything
 
 def _detached(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v.detach().clone() for k, v in state.items()}
+
+
+def plain_loading(model: nn.Module) -> bool:
+    """Whether ``load_state_dict`` on ``model`` amounts to copying each tensor into place:
+    no module overrides ``_load_from_state_dict`` (BatchNorm's override only fills in a
+    missing counter) or registers a load hook."""
+    for module in model.modules():
+        own = type(module)._load_from_state_dict
+        if own is not nn.Module._load_from_state_dict and not isinstance(module, _BatchNorm):
+            return False
+        if module._load_state_dict_pre_hooks or module._load_state_dict_post_hooks:
+            return False
+    return True
 
 
 def non_finite(tensors: dict[str, Tensor]) -> str | None:
@@ -70,6 +84,25 @@ class Worker:
         )
         self.kept = setup.kept if setup.kept is not None else self.keys.model
         self._wants_before = self.plugins.wants("after_local_train", "before")
+        self._plain_loading = plain_loading(self.model)
+
+    def load(self, state: dict[str, Tensor]) -> None:
+        """Load a complete state into the working model: one ``copy_`` per tensor when
+        every module loads the default way (``load_state_dict``'s per-module machinery
+        costs more than a small client's training), else ``load_state_dict``."""
+        # the tensors themselves, looked up each time: a layout or device change may
+        # have replaced a buffer since the last load
+        slots = self.model.state_dict(keep_vars=True) if self._plain_loading else None
+        if slots is None or state.keys() != slots.keys():
+            self.model.load_state_dict(state)
+            return
+        pairs = [(slots[k], v) for k, v in state.items()]
+        if any(dst.shape != src.shape for dst, src in pairs):
+            self.model.load_state_dict(state)  # raises, naming the key
+            return
+        with torch.no_grad():
+            for dst, src in pairs:
+                dst.copy_(src)
 
     def context(self, job: ClientJob, data: ClientData, memory: ClientMemory) -> ClientContext:
         """The client context of a job (seeds the global RNGs for the client's round)."""
@@ -103,7 +136,7 @@ class Worker:
             "update_client", reference=local, ctx=ctx, received=ctx.received, local=local
         )
         merged = {**local, **ctx.received, **claimed}
-        model.load_state_dict({k: merged[k] for k in local})
+        self.load({k: merged[k] for k in local})
         before = _detached(model.state_dict()) if self._wants_before else {}
         stats = self.train(ctx)
         for extra in plugins.call("after_local_train", ctx=ctx, model=model, before=before):

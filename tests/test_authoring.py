@@ -13,6 +13,7 @@ import pytest
 from conftest import tiny_recipe
 from typer.testing import CliRunner
 
+import fedkit.cli
 from fedkit.cli import app
 
 PLUGINS = {
@@ -111,7 +112,7 @@ def installed(tmp_path, monkeypatch):
         (cls,) = re.findall(r"^class (\w+)", textwrap.dedent(source), flags=re.M)
         (info / "entry_points.txt").write_text(f"[fedkit]\n{name} = {name}_plugin:{cls}\n")
     monkeypatch.syspath_prepend(str(root))
-    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setattr(fedkit.cli.console, "width", 250)
     return root
 
 

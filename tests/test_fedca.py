@@ -12,6 +12,7 @@ from conftest import client_context, kept_model, prepared, spied, tiny_recipe
 from torch import nn
 from typer.testing import CliRunner
 
+import fedkit.cli
 from fedkit import checkpoint
 from fedkit.checkpoint import saved_part
 from fedkit.cli import app
@@ -234,7 +235,7 @@ def test_alignment_needs_a_public_split():
 
 
 def test_plugins_lists_fedca_as_uploading_data_derived_tensors(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "250")  # one line per plugin
+    monkeypatch.setattr(fedkit.cli.console, "width", 250)  # one line per plugin
     assert describe(discover()["fedca"]).uploads_data_derived
     result = CliRunner().invoke(app, ["plugins"], terminal_width=200)
     line = next(ln for ln in result.output.splitlines() if "fedca" in ln)
