@@ -63,7 +63,7 @@ class Ledger:
             (round, client), {"round": round, "client": client, **dict.fromkeys(FIELDS, 0)}
         )
         for key, value in tensors.items():
-            row[f"{direction}_{self.category(key)}"] += value.numel() * value.element_size()
+            row[direction + "_" + self.category(key)] += value.nbytes
 
     def totals(self, round: int | None = None) -> dict[str, int]:
         """Sums over the whole run (or one round not yet flushed), plus ``total``."""
