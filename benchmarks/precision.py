@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import torch
+from overhead import SSL
 
 from fedkit.engine import Run, prepare, run_round
 from fedkit.precision import native_bf16
@@ -55,17 +56,7 @@ def recipe(backbone: str, root: str, images: int, setting: dict[str, Any]) -> di
             "drop_last": True,
             "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4},
         },
-        plugins=[
-            {
-                "fedu": {
-                    "projector_hidden": 512,
-                    "projection_dim": 128,
-                    "predictor_hidden": 512,
-                    "crop_scale": [0.2, 1.0],
-                }
-            },
-            {"dapu": {"mu": 0.4}},
-        ],
+        plugins=copy.deepcopy(SSL["plugins"]),  # the overhead benchmark's FedU + DAPU
     )
     raw.update(copy.deepcopy(setting))
     raw["evaluation"] = {"protocol": "none", "every": 0}
