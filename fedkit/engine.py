@@ -103,7 +103,7 @@ def prepare(
         )
     if snapshot is not None:
         server.state, server.tensors = snapshot.server_state, snapshot.server_tensors
-    with precision.compute(recipe.precision, recipe.channels_last, device):
+    with precision.compute(recipe, device):
         plugins.call("configure", recipe=recipe, server=server)
     seed_everything(derive(recipe.seed, "init"))
     models = plugins.call("init_models", server=server)

@@ -37,22 +37,38 @@ class Ledger:
     def __init__(self, flushed: dict[str, int] | None = None) -> None:
         self.rows: dict[tuple[int, int], dict[str, int]] = {}
         self.flushed: dict[str, int] = {**dict.fromkeys(FIELDS, 0), **(flushed or {})}
-        self.model_keys: frozenset[str] = frozenset()
-        self.aux_patterns: tuple[str, ...] = ()
-        self._categories: dict[tuple[str, frozenset[str], tuple[str, ...]], str] = {}
+        self._model_keys: frozenset[str] = frozenset()
+        self._aux_patterns: tuple[str, ...] = ()
+        self._categories: dict[str, str] = {}
+
+    @property
+    def model_keys(self) -> frozenset[str]:
+        return self._model_keys
+
+    @model_keys.setter
+    def model_keys(self, keys: frozenset[str]) -> None:
+        self._model_keys, self._categories = frozenset(keys), {}
+
+    @property
+    def aux_patterns(self) -> tuple[str, ...]:
+        return self._aux_patterns
+
+    @aux_patterns.setter
+    def aux_patterns(self, patterns: tuple[str, ...]) -> None:
+        self._aux_patterns, self._categories = tuple(patterns), {}
 
     def category(self, key: str) -> str:
-        """``model``, ``aux`` or ``data`` (memoised: a round books every key per client)."""
-        memo = (key, self.model_keys, self.aux_patterns)
-        found = self._categories.get(memo)
+        """``model``, ``aux`` or ``data`` (memoised until the keys or patterns change: a
+        round books every key per client)."""
+        found = self._categories.get(key)
         if found is None:
-            if key in self.model_keys:
+            if key in self._model_keys:
                 found = "model"
-            elif any(fnmatch.fnmatchcase(key, p) for p in self.aux_patterns):
+            elif any(fnmatch.fnmatchcase(key, p) for p in self._aux_patterns):
                 found = "aux"
             else:
                 found = "data"
-            self._categories[memo] = found
+            self._categories[key] = found
         return found
 
     def record(

@@ -16,11 +16,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from fedkit.errors import RecipeError
+
+if TYPE_CHECKING:
+    from fedkit.recipe import Recipe
 
 _CHANNELS_LAST: ContextVar[bool] = ContextVar("fedkit_channels_last", default=False)
 
@@ -55,13 +59,13 @@ def check(precision: str, device: torch.device) -> list[str]:
 
 
 @contextlib.contextmanager
-def compute(precision: str, channels_last: bool, device: torch.device) -> Iterator[None]:
-    """Run a block at the recipe's precision and layout on ``device``."""
-    token = _CHANNELS_LAST.set(channels_last)
+def compute(recipe: Recipe, device: torch.device) -> Iterator[None]:
+    """Run a block at the recipe's ``precision`` and ``channels_last`` on ``device``."""
+    token = _CHANNELS_LAST.set(recipe.channels_last)
     try:
         # No weight-cast cache: the block spans many optimiser steps, and a cached bf16
         # copy of a parameter would keep its value from the block's first forward pass.
-        bf16 = precision == "bf16"
+        bf16 = recipe.precision == "bf16"
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
             yield
     finally:

@@ -3,7 +3,6 @@ and the supervised objective that supervised plugins share."""
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -13,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedkit.data.datasets import ImageSet
+from fedkit.data.normalization import standardize
 from fedkit.fit import Objective
 from fedkit.models.backbones import logits
 from fedkit.recipe import FederationConfig
@@ -46,21 +46,10 @@ def transfer(x: Tensor, device: torch.device) -> Tensor:
     return x.to(device)
 
 
-@functools.lru_cache(maxsize=64)
-def _statistics(
-    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
-) -> tuple[Tensor, Tensor]:
-    return (
-        torch.tensor(mean, device=device).view(1, -1, 1, 1),
-        torch.tensor(std, device=device).view(1, -1, 1, 1),
-    )
-
-
 def normalize(images: Tensor, data: ImageSet) -> Tensor:
     """uint8 N×3×H×W → float, scaled to 0..1 and standardised with the set's statistics
     (made once per device, not per batch: on a GPU each would be a blocking copy)."""
-    mean, std = _statistics(tuple(data.mean), tuple(data.std), images.device)
-    return (images.float() / 255.0 - mean) / std
+    return standardize(images, data.mean, data.std)
 
 
 def round_lr(cfg: FederationConfig, round: int) -> float:

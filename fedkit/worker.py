@@ -176,9 +176,8 @@ class Worker:
         ``InjectedCrash`` (the worker is meant to die) propagate."""
         if job.fault == "dropout":
             return ClientResult.failed(job.client, "dropout", "the client never answered"), None
-        recipe = self.setup.recipe
         try:
-            with precision.compute(recipe.precision, recipe.channels_last, self.device):
+            with precision.compute(self.setup.recipe, self.device):
                 result, memory = self.run(job, data, memory)
         except (FedkitError, InjectedCrash):
             raise

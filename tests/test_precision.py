@@ -9,6 +9,7 @@ from torch import nn
 
 from fedkit import hookimpl, precision
 from fedkit.errors import RecipeError
+from fedkit.recipe import validate
 from fedkit.testing import assert_same_runs, run_recipe, tiny_recipe
 
 SMALL = {"data": {"max_train": 120}, "federation": {"rounds": 1}}
@@ -90,7 +91,7 @@ def test_bf16_forward_passes_see_every_optimiser_step():
     """A client's job is one block spanning many steps: no stale bf16 copy of a weight."""
     layer = nn.Linear(4, 1, bias=False)
     x = torch.ones(1, 4)
-    with precision.compute("bf16", False, torch.device("cpu")):
+    with precision.compute(validate(small(precision="bf16")), torch.device("cpu")):
         before = layer(x)
         with torch.no_grad():
             layer.weight.add_(1.0)
@@ -104,7 +105,7 @@ def test_layout_is_applied_only_inside_a_block_that_asks_for_it():
     param = model[0].weight
     precision.adopt_layout(model)
     assert not param.is_contiguous(memory_format=torch.channels_last)
-    with precision.compute("fp32", True, torch.device("cpu")):
+    with precision.compute(validate(small(channels_last=True)), torch.device("cpu")):
         precision.adopt_layout(model)
     assert model[0].weight is param  # an optimiser holding it stays valid
     assert param.is_contiguous(memory_format=torch.channels_last)

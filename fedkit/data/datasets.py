@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from fedkit.data.normalization import standardize
 from fedkit.errors import RecipeError, did_you_mean
 from fedkit.recipe import DataConfig
 
@@ -70,10 +71,7 @@ class ImageSet:
         quarter of the float one.
         """
         x = self.images if idx is None else self.images[_index(idx)]
-        x = x.to(device).float().div_(255.0)
-        mean = torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1)
-        std = torch.tensor(self.std, device=x.device).view(1, 3, 1, 1)
-        return x.sub_(mean).div_(std)
+        return standardize(x.to(device), self.mean, self.std)
 
 
 def _index(idx) -> torch.Tensor:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from fedkit.data.normalization import standardize
+
 
 def module_device(module: nn.Module) -> torch.device:
     """Device of the module's first parameter or buffer (CPU when it has none)."""
@@ -29,13 +31,12 @@ def prepare_images(
         if not x.is_floating_point():
             raise TypeError(f"images must be uint8 or floating point, got {x.dtype}")
         return x
-    out = x.float().div_(255.0)
-    if mean is not None or std is not None:
-        c = out.shape[1]
-        m = torch.as_tensor(mean if mean is not None else [0.0] * c, dtype=out.dtype)
-        s = torch.as_tensor(std if std is not None else [1.0] * c, dtype=out.dtype)
-        out = (out - m.to(out.device).view(1, -1, 1, 1)) / s.to(out.device).view(1, -1, 1, 1)
-    return out
+    if mean is None and std is None:
+        return x.float().div_(255.0)
+    c = x.shape[1]
+    return standardize(
+        x, mean if mean is not None else [0.0] * c, std if std is not None else [1.0] * c
+    )
 
 
 @torch.no_grad()

@@ -197,8 +197,7 @@ def evaluate_round(
 ) -> dict[str, Any]:
     """The core protocol's metrics plus every plugin's ``evaluate`` results, at the
     recipe's precision and layout."""
-    recipe = server.recipe
-    with precision.compute(recipe.precision, recipe.channels_last, server.device):
+    with precision.compute(server.recipe, server.device):
         return _evaluate(server, population, plugins, round)
 
 
