@@ -68,11 +68,13 @@ def test_seeding_draws_the_same_streams_as_torch_manual_seed():
     assert torch.equal(fast[2], plain[2]) and torch.equal(fast[3], plain[3])
 
 
+@pytest.mark.parametrize("shape", [(7, 5), (3, 40_000), (), (0, 4)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64])
-def test_weighted_mean_equals_widening_each_upload(dtype):
+def test_weighted_mean_equals_widening_each_upload(dtype, shape):
+    """Also across the slices it widens one at a time ((3, 40000) spans several)."""
     g = torch.Generator().manual_seed(0)
     uploads = [
-        Upload(i, float(w), {"w": (torch.randn(7, 5, generator=g) * 100).to(dtype)})
+        Upload(i, float(w), {"w": (torch.randn(shape, generator=g) * 100).to(dtype)})
         for i, w in enumerate([3, 1, 4, 1, 5, 9])
     ]
     assert torch.equal(weighted_mean(uploads, "w"), plain_weighted_mean(uploads, "w"))
