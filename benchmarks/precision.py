@@ -1,14 +1,16 @@
 """Speed of local SSL training at each precision and layout, side by side in one process.
 
     OMP_NUM_THREADS=1 python benchmarks/precision.py --root ../shared/data/cifar10 \
-        --backbones test_resnet resnet18 [--images 256] [--repeats 3]
+        --backbones test_resnet resnet18 resnet18:cifar_stem [--images 256] [--repeats 3]
 
 For each backbone, three runs of the same FedU + DAPU recipe (one client, one local epoch
 over ``--images`` CIFAR images at 32×32, batch 64, two views, EMA target): fp32,
 fp32 + channels_last, bf16 + channels_last. Each is prepared once; one round of each is a
 warm-up, then the runs take turns for ``--repeats`` rounds and the best round time of each
-is reported with its speed-up over fp32. The machine's bf16 support is printed first: the
-speed-up depends on it entirely (AMX or AVX-512 BF16 CPUs, Ampere or newer GPUs).
+is reported with its speed-up over fp32. ``name:cifar_stem`` gives the backbone the CIFAR
+stem (3×3 stride-1 first convolution, no max-pool), so a ResNet keeps 32×32 maps. The
+machine's bf16 support is printed first: the speed-up depends on it entirely (AMX or
+AVX-512 BF16 CPUs, Ampere or newer GPUs).
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ SETTINGS = {
 
 
 def recipe(backbone: str, root: str, images: int, setting: dict[str, Any]) -> dict[str, Any]:
+    name, _, stem = backbone.partition(":")
     raw = tiny_recipe(
-        backbone={"name": backbone},
+        backbone={"name": name, "cifar_stem": stem == "cifar_stem"},
         data={
             "dataset": "imagefolder",
             "root": root,
@@ -84,7 +87,9 @@ def measure(backbone: str, root: str, images: int, repeats: int) -> dict[str, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="../shared/data/cifar10")
-    parser.add_argument("--backbones", nargs="+", default=["test_resnet", "resnet18"])
+    parser.add_argument(
+        "--backbones", nargs="+", default=["test_resnet", "resnet18", "resnet18:cifar_stem"]
+    )
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
