@@ -193,7 +193,14 @@ def warn_about(the_run: Any) -> None:
     """Warnings a user should see before the rounds start."""
     from fedkit import precision
 
-    for warning in precision.check(the_run.recipe.precision, the_run.server.device):
+    recipe, server = the_run.recipe, the_run.server
+    warnings = precision.check(recipe.precision, server.device)
+    if server.template is not None and "encoder" in server.template:
+        encoder = server.template["encoder"]
+        warnings += precision.bf16_hazards(
+            encoder, recipe.data.image_size, recipe.precision, server.device
+        )
+    for warning in warnings:
         errors.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     for name in the_run.plugins.uploads_data_derived():
         errors.print(

@@ -58,6 +58,60 @@ def check(precision: str, device: torch.device) -> list[str]:
     return []
 
 
+def padding_only_taps(encoder: nn.Module, image_size: int) -> list[str]:
+    """Names of the 2-D convolutions in ``encoder`` with a kernel tap that sees only
+    padding at ``image_size``×``image_size`` input (one forward pass of zeros).
+
+    On CPUs with AVX-512 BF16, PyTorch's bf16 weight gradient leaves uninitialised values,
+    often NaN, in such taps, where the true gradient is zero; the non-finite check then
+    refuses the client's upload at random."""
+    found: list[str] = []
+
+    def check(name: str, conv: nn.Conv2d, x: torch.Tensor) -> None:
+        for dim in (0, 1):
+            n, k = x.shape[2 + dim], conv.kernel_size[dim]
+            s, p, d = conv.stride[dim], conv.padding[dim], conv.dilation[dim]
+            if not isinstance(p, int):  # "same"/"valid" padding strings
+                return
+            out = (n + 2 * p - d * (k - 1) - 1) // s + 1
+            if any(all(not 0 <= o * s - p + t * d < n for o in range(out)) for t in range(k)):
+                found.append(name)
+                return
+
+    convs = [(n, m) for n, m in encoder.named_modules() if isinstance(m, nn.Conv2d)]
+    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: check(n, m, a[0])) for n, m in convs]
+    was_training = encoder.training
+    try:
+        with torch.no_grad():
+            encoder.eval()(torch.zeros(1, 3, image_size, image_size))
+    except RuntimeError:
+        return []  # the input is too small for the model: the run itself will say so
+    finally:
+        for hook in hooks:
+            hook.remove()
+        encoder.train(was_training)
+    return found
+
+
+def bf16_hazards(
+    encoder: nn.Module, image_size: int, precision: str, device: torch.device
+) -> list[str]:
+    """A warning when a bf16 run on a CPU with native bf16 trains convolutions with
+    padding-only taps (see ``padding_only_taps``); none otherwise."""
+    if precision != "bf16" or device.type != "cpu" or not native_bf16(device):
+        return []
+    taps = padding_only_taps(encoder, image_size)
+    if not taps:
+        return []
+    return [
+        f"precision: bf16 at image_size {image_size}: {len(taps)} convolution(s) of the encoder "
+        f"({', '.join(taps[:3])}{', …' if len(taps) > 3 else ''}) have kernel taps that see "
+        "only padding, where PyTorch's bf16 gradient on this CPU can be NaN and the client's "
+        "upload is then refused; use a larger image_size, backbone.cifar_stem (ResNets) or fp32 "
+        "(docs/recipes.md)"
+    ]
+
+
 @contextlib.contextmanager
 def compute(recipe: Recipe, device: torch.device) -> Iterator[None]:
     """Run a block at the recipe's ``precision`` and ``channels_last`` on ``device``."""

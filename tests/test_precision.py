@@ -7,8 +7,10 @@ import pytest
 import timm
 import torch
 from torch import nn
+from typer.testing import CliRunner
 
 from fedkit import hookimpl, precision
+from fedkit.cli import app
 from fedkit.errors import RecipeError
 from fedkit.recipe import validate
 from fedkit.testing import assert_same_runs, run_recipe, tiny_recipe
@@ -40,45 +42,12 @@ class Witness:
         return {}
 
 
-def padding_only_taps(model: nn.Module, size: int) -> list[str]:
-    """Convolutions of ``model`` with a kernel tap that sees only padding at ``size``×``size``
-    input: PyTorch's bf16 weight gradient on AVX-512 BF16 CPUs leaves garbage (often NaN)
-    in such taps, where the true gradient is zero (docs/recipes.md, "precision")."""
-    found: list[str] = []
-
-    def check(name: str, conv: nn.Conv2d, x: torch.Tensor) -> None:
-        for dim in (0, 1):
-            k, s, p, d = (
-                conv.kernel_size[dim],
-                conv.stride[dim],
-                conv.padding[dim],
-                conv.dilation[dim],
-            )
-            n = x.shape[2 + dim]
-            out = (n + 2 * p - d * (k - 1) - 1) // s + 1
-            if any(all(not 0 <= o * s - p + t * d < n for o in range(out)) for t in range(k)):
-                found.append(name)
-                return
-
-    hooks = [
-        m.register_forward_pre_hook(lambda m, args, name=name: check(name, m, args[0]))
-        for name, m in model.named_modules()
-        if isinstance(m, nn.Conv2d)
-    ]
-    with torch.no_grad():
-        model.eval()(torch.zeros(1, 3, size, size))
-    for hook in hooks:
-        hook.remove()
-    return found
-
-
 def test_bf16_runs_are_reproducible_and_differ_from_fp32():
     # 64×64 so that no convolution of test_resnet has a padding-only tap (at 16×16 its
     # last stage sees 1×1 maps, and the bf16 kernel's garbage there is not reproducible)
     raw = small(precision="bf16", channels_last=True)
     raw["data"]["image_size"] = 64
-    assert padding_only_taps(timm.create_model("test_resnet", num_classes=0), 64) == []
-    assert padding_only_taps(timm.create_model("test_resnet", num_classes=0), 16) != []
+    assert precision.padding_only_taps(timm.create_model("test_resnet", num_classes=0), 64) == []
     first, second = run_recipe(raw), run_recipe(raw)
     assert_same_runs(first, second)
     fp32 = run_recipe({**small(), "data": raw["data"]})
@@ -125,6 +94,32 @@ def test_bf16_on_a_cuda_device_without_it_is_a_recipe_error(monkeypatch):
     assert precision.check("fp32", torch.device("cuda")) == []
 
 
+def test_padding_only_taps_are_found_where_a_kernel_reaches_past_the_map():
+    encoder = timm.create_model("test_resnet", num_classes=0)
+    # the last stage's 3×3 stride-2 convolution meets a 1×1 map at 16×16 and 32×32
+    assert "layer4.0.conv1" in precision.padding_only_taps(encoder, 16)
+    assert "layer4.0.conv1" in precision.padding_only_taps(encoder, 32)
+    assert precision.padding_only_taps(encoder, 64) == []
+    assert encoder.training  # the probe leaves the mode as it found it
+    convs = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, stride=2, padding=1))
+    assert precision.padding_only_taps(convs, 1) == ["0", "1"]
+    assert precision.padding_only_taps(convs, 2) == ["1"]  # stride 2: tap 0 only meets padding
+    assert precision.padding_only_taps(convs, 8) == []
+    assert precision.padding_only_taps(nn.Sequential(nn.Conv2d(3, 4, 5)), 2) == []  # too small
+
+
+def test_bf16_hazards_warn_only_for_native_bf16_on_a_cpu(monkeypatch):
+    encoder = timm.create_model("test_resnet", num_classes=0)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    [warning] = precision.bf16_hazards(encoder, 16, "bf16", cpu)
+    assert "layer4.0.conv1" in warning and "image_size 16" in warning
+    assert precision.bf16_hazards(encoder, 64, "bf16", cpu) == []
+    assert precision.bf16_hazards(encoder, 16, "fp32", cpu) == []
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    assert precision.bf16_hazards(encoder, 16, "bf16", cpu) == []  # emulated: no such bug
+
+
 def test_bf16_forward_passes_see_every_optimiser_step():
     """A client's job is one block spanning many steps: no stale bf16 copy of a weight."""
     layer = nn.Linear(4, 1, bias=False)
@@ -147,3 +142,13 @@ def test_layout_is_applied_only_inside_a_block_that_asks_for_it():
         precision.adopt_layout(model)
     assert model[0].weight is param  # an optimiser holding it stays valid
     assert param.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_fedkit_run_warns_when_native_bf16_meets_padding_only_taps(
+    tmp_path, write_recipe, monkeypatch
+):
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    recipe = write_recipe(small(precision="bf16"))  # test_resnet at 16×16
+    ran = CliRunner().invoke(app, ["run", str(recipe), "--out", str(tmp_path / "out")])
+    assert ran.exit_code == 0, ran.output
+    assert "kernel taps that see" in ran.output and "layer4.0.conv1" in ran.output
