@@ -220,10 +220,12 @@ def orderings(path: Path) -> str:
             std = d.std(ddof=1)
             t = abs(d.mean()) / (std / np.sqrt(len(d))) if std > 0 else float("inf")
             same_sign = bool(np.all(d > 0) or np.all(d < 0))
-            holds = same_sign and t > T_CRITICAL.get(len(d) - 1, 2.0)
-            verdict = ("yes: A > B" if d.mean() > 0 else "yes: A < B") if holds else "no"
             if len(d) < 3:
                 verdict = "– (fewer than 3 seeds: no verdict)"
+            elif same_sign and t > T_CRITICAL.get(len(d) - 1, 2.0):
+                verdict = "yes: A > B" if d.mean() > 0 else "yes: A < B"
+            else:
+                verdict = "no"
             per_seed = ", ".join(f"{x:+.1f}" for x in d)
             lines.append(
                 f"| {a} | {b} | {len(d)} | {d.mean():+.1f} ± {std:.1f} | {per_seed} | {verdict} |"

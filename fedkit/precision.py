@@ -67,19 +67,19 @@ def padding_only_taps(encoder: nn.Module, image_size: int) -> list[str]:
     refuses the client's upload at random."""
     found: list[str] = []
 
-    def check(name: str, conv: nn.Conv2d, x: torch.Tensor) -> None:
+    def inspect(name: str, conv: nn.Conv2d, x: torch.Tensor) -> None:
+        if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
+            return  # "same"/"valid", or padding that copies real pixels
         for dim in (0, 1):
             n, k = x.shape[2 + dim], conv.kernel_size[dim]
             s, p, d = conv.stride[dim], conv.padding[dim], conv.dilation[dim]
-            if not isinstance(p, int):  # "same"/"valid" padding strings
-                return
             out = (n + 2 * p - d * (k - 1) - 1) // s + 1
             if any(all(not 0 <= o * s - p + t * d < n for o in range(out)) for t in range(k)):
                 found.append(name)
                 return
 
     convs = [(n, m) for n, m in encoder.named_modules() if isinstance(m, nn.Conv2d)]
-    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: check(n, m, a[0])) for n, m in convs]
+    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: inspect(n, m, a[0])) for n, m in convs]
     was_training = encoder.training
     try:
         with torch.no_grad():
