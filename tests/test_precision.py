@@ -19,8 +19,13 @@ SMALL = {"data": {"max_train": 120}, "federation": {"rounds": 1}}
 
 
 def small(**top) -> dict:
+    """A one-round tiny recipe; bf16 ones train at 64×64, where test_resnet has no
+    padding-only kernel taps (at 16×16 PyTorch's bf16 weight gradient on AVX-512 BF16
+    CPUs leaves garbage there, and the run refuses the non-finite uploads at random)."""
     raw = tiny_recipe(**SMALL)
     raw.update(top)
+    if top.get("precision") == "bf16":
+        raw["data"]["image_size"] = 64
     return raw
 
 
@@ -43,10 +48,7 @@ class Witness:
 
 
 def test_bf16_runs_are_reproducible_and_differ_from_fp32():
-    # 64×64 so that no convolution of test_resnet has a padding-only tap (at 16×16 its
-    # last stage sees 1×1 maps, and the bf16 kernel's garbage there is not reproducible)
     raw = small(precision="bf16", channels_last=True)
-    raw["data"]["image_size"] = 64
     assert precision.padding_only_taps(timm.create_model("test_resnet", num_classes=0), 64) == []
     first, second = run_recipe(raw), run_recipe(raw)
     assert_same_runs(first, second)
@@ -148,7 +150,11 @@ def test_fedkit_run_warns_when_native_bf16_meets_padding_only_taps(
     tmp_path, write_recipe, monkeypatch
 ):
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
-    recipe = write_recipe(small(precision="bf16"))  # test_resnet at 16×16
-    ran = CliRunner().invoke(app, ["run", str(recipe), "--out", str(tmp_path / "out")])
-    assert ran.exit_code == 0, ran.output
+    raw = small(precision="bf16")
+    raw["data"]["image_size"] = 16  # test_resnet's last stage meets 1×1 maps
+    ran = CliRunner().invoke(app, ["run", str(write_recipe(raw)), "--out", str(tmp_path / "out")])
     assert "kernel taps that see" in ran.output and "layer4.0.conv1" in ran.output
+    # where the CPU really has native bf16 the warned-of bug may strike: then the run
+    # stops on the non-finite uploads of that very layer, and nothing else
+    spoiled = "'encoder.layer4.0.conv1.weight' holds a non-finite value" in ran.output
+    assert ran.exit_code == 0 or spoiled, ran.output
