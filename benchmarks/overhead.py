@@ -26,7 +26,7 @@ import argparse
 import copy
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -164,16 +164,71 @@ def average(states: list[dict[str, Tensor]], weights: list[float]) -> dict[str, 
     return out
 
 
+class Shared(NamedTuple):
+    """What every client job of the bare loop shares, looked up once: the federation
+    settings, the normalisation and whether the model has BatchNorm."""
+
+    cfg: Any
+    mean: Tensor
+    std: Tensor
+    batchnorm: bool
+
+
+def shared(run: Run, model: torch.nn.Module) -> Shared:
+    train = run.server.data.train
+    return Shared(
+        run.recipe.federation,
+        torch.tensor(train.mean).view(1, -1, 1, 1),
+        torch.tensor(train.std).view(1, -1, 1, 1),
+        any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()),
+    )
+
+
+def no_mark(phase: str) -> None:
+    """The default ``mark`` of ``bare_client``: no timing."""
+
+
+def bare_client(
+    model: torch.nn.Module,
+    state: dict[str, Tensor],
+    shard: tuple[Tensor, Tensor],
+    common: Shared,
+    round_number: int,
+    generator: torch.Generator,
+    mark: Callable[[str], None] = no_mark,
+) -> dict[str, Tensor]:
+    """One client's job in the bare FedAvg loop: load the global state, train the local
+    epochs, copy the state. ``mark(phase)`` is called as each phase ends (the breakdown
+    in ``overhead_breakdown.py`` times the phases with it)."""
+    images, labels = shard
+    cfg = common.cfg
+    model.load_state_dict(state)
+    mark("load_state_dict")
+    model.train()
+    optimizer = make_optimizer(model.parameters(), cfg, round_number)
+    for _ in range(cfg.local_epochs):
+        order = torch.randperm(len(labels), generator=generator)
+        for start in range(0, len(labels), cfg.batch_size):
+            idx = order[start : start + cfg.batch_size]
+            if len(idx) < 2 and common.batchnorm:
+                continue  # as fedkit: BatchNorm cannot train on one image
+            x = (images[idx].float() / 255.0 - common.mean) / common.std
+            loss = F.cross_entropy(logits(model, x), labels[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    mark("train")
+    out = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    mark("copy of the state after training")
+    return out
+
+
 def bare_supervised(run: Run) -> Callable[[], Callable[[], None]]:
     """FedAvg by hand on the same data objects and initial model."""
     cfg = run.recipe.federation
-    train = run.server.data.train
     model = build_classifier(run.recipe.backbone, run.server.data.num_classes)
     initial = {k: v.clone() for k, v in run.server.pool[0].items()}
-    mean = torch.tensor(train.mean).view(1, -1, 1, 1)
-    std = torch.tensor(train.std).view(1, -1, 1, 1)
-    data = shards(run)
-    batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    common, data = shared(run, model), shards(run)
 
     def fresh() -> Callable[[], None]:
         generator = torch.Generator().manual_seed(0)
@@ -181,26 +236,9 @@ def bare_supervised(run: Run) -> Callable[[], Callable[[], None]]:
         def go() -> None:
             state = {k: v.clone() for k, v in initial.items()}
             for r in range(1, cfg.rounds + 1):
-                states, weights = [], []
-                for c in sampled(generator, len(data), cfg.clients_per_round):
-                    images, labels = data[c]
-                    model.load_state_dict(state)
-                    model.train()
-                    optimizer = make_optimizer(model.parameters(), cfg, r)
-                    for _ in range(cfg.local_epochs):
-                        order = torch.randperm(len(labels), generator=generator)
-                        for start in range(0, len(labels), cfg.batch_size):
-                            idx = order[start : start + cfg.batch_size]
-                            if len(idx) < 2 and batchnorm:
-                                continue  # as fedkit: BatchNorm cannot train on one image
-                            x = (images[idx].float() / 255.0 - mean) / std
-                            loss = F.cross_entropy(logits(model, x), labels[idx])
-                            optimizer.zero_grad(set_to_none=True)
-                            loss.backward()
-                            optimizer.step()
-                    states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
-                    weights.append(float(len(labels)))
-                state = average(states, weights)
+                picked = sampled(generator, len(data), cfg.clients_per_round)
+                states = [bare_client(model, state, data[c], common, r, generator) for c in picked]
+                state = average(states, [float(len(data[c][1])) for c in picked])
 
         return go
 

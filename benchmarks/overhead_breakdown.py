@@ -22,16 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from overhead import average, recipe, sampled, shards
+from overhead import average, bare_client, recipe, sampled, shards, shared
 
 import fedkit.engine
 import fedkit.worker
 from fedkit.client import ClientContext
 from fedkit.engine import prepare, run_round
-from fedkit.models.backbones import logits
 from fedkit.recipe import validate
-from fedkit.training import make_optimizer
 
 TIMES: dict[str, list[float]] = defaultdict(list)
 
@@ -110,37 +107,23 @@ def fedkit_side(raw: dict[str, Any], rounds: int) -> Any:
 
 
 def bare_side(run: Any, rounds: int) -> None:
-    """The bare loop's per-client steps on the fedkit run's own model and shards."""
-    cfg = run.recipe.federation
+    """The bare loop's client jobs (``overhead.bare_client``) on the fedkit run's own
+    model and shards, each phase timed."""
     model = run.executor.worker.model
-    train = run.server.data.train
-    mean = torch.tensor(train.mean).view(1, -1, 1, 1)
-    std = torch.tensor(train.std).view(1, -1, 1, 1)
-    data = shards(run)
+    common, data = shared(run, model), shards(run)
     state = {k: v.clone() for k, v in run.server.pool[0].items()}
     generator = torch.Generator().manual_seed(0)
-    for _ in range(rounds):
-        for c in sampled(generator, len(data), cfg.clients_per_round):
-            images, labels = data[c]
-            t0 = time.perf_counter()
-            model.load_state_dict(state)
-            t1 = time.perf_counter()
-            model.train()
-            optimizer = make_optimizer(model.parameters(), cfg, 1)
-            order = torch.randperm(len(labels), generator=generator)
-            for start in range(0, len(labels), cfg.batch_size):
-                idx = order[start : start + cfg.batch_size]
-                x = (images[idx].float() / 255.0 - mean) / std
-                loss = F.cross_entropy(logits(model, x), labels[idx])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-            t2 = time.perf_counter()
-            {k: v.detach().clone() for k, v in model.state_dict().items()}
-            t3 = time.perf_counter()
-            TIMES["bare: load_state_dict"].append(t1 - t0)
-            TIMES["bare: train"].append(t2 - t1)
-            TIMES["bare: copy of the state after training"].append(t3 - t2)
+    last = [0.0]
+
+    def mark(phase: str) -> None:
+        now = time.perf_counter()
+        TIMES[f"bare: {phase}"].append(now - last[0])
+        last[0] = now
+
+    for r in range(1, rounds + 1):
+        for c in sampled(generator, len(data), common.cfg.clients_per_round):
+            last[0] = time.perf_counter()
+            bare_client(model, state, data[c], common, r, generator, mark)
 
 
 def main() -> None:

@@ -193,14 +193,8 @@ def warn_about(the_run: Any) -> None:
     """Warnings a user should see before the rounds start."""
     from fedkit import precision
 
-    recipe, server = the_run.recipe, the_run.server
-    warnings = precision.check(recipe.precision, server.device)
-    if server.template is not None and "encoder" in server.template:
-        encoder = server.template["encoder"]
-        warnings += precision.bf16_hazards(
-            encoder, recipe.data.image_size, recipe.precision, server.device
-        )
-    for warning in warnings:
+    server = the_run.server
+    for warning in precision.warnings(the_run.recipe, server.device, server.template):
         errors.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     for name in the_run.plugins.uploads_data_derived():
         errors.print(

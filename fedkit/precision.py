@@ -112,6 +112,16 @@ def bf16_hazards(
     ]
 
 
+def warnings(recipe: Recipe, device: torch.device, model: nn.ModuleDict | None) -> list[str]:
+    """Everything a user should hear about the recipe's precision on ``device`` before
+    the rounds start: ``check``'s refusals and warnings, then ``bf16_hazards`` of the
+    model's ``encoder`` (when it has one)."""
+    found = check(recipe.precision, device)
+    if model is not None and "encoder" in model:
+        found += bf16_hazards(model["encoder"], recipe.data.image_size, recipe.precision, device)
+    return found
+
+
 @contextlib.contextmanager
 def compute(recipe: Recipe, device: torch.device) -> Iterator[None]:
     """Run a block at the recipe's ``precision`` and ``channels_last`` on ``device``."""

@@ -122,6 +122,24 @@ def test_bf16_hazards_warn_only_for_native_bf16_on_a_cpu(monkeypatch):
     assert precision.bf16_hazards(encoder, 16, "bf16", cpu) == []  # emulated: no such bug
 
 
+def test_precision_warnings_gather_the_devices_and_the_encoders(monkeypatch):
+    raw = small(precision="bf16")
+    recipe = validate(raw)  # 64×64
+    raw["data"]["image_size"] = 16
+    at16 = validate(raw)
+    model = nn.ModuleDict({"encoder": timm.create_model("test_resnet", num_classes=0)})
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    assert precision.warnings(recipe, cpu, model) == []
+    [hazard] = precision.warnings(at16, cpu, model)
+    assert "layer4.0.conv1" in hazard
+    assert precision.warnings(at16, cpu, nn.ModuleDict()) == []  # no encoder: nothing to probe
+    assert precision.warnings(at16, cpu, None) == []
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    [emulated] = precision.warnings(at16, cpu, model)
+    assert "emulated" in emulated
+
+
 def test_bf16_forward_passes_see_every_optimiser_step():
     """A client's job is one block spanning many steps: no stale bf16 copy of a weight."""
     layer = nn.Linear(4, 1, bias=False)
