@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from fedkit.engine import prepare, run_round
-from fedkit.recipe import apply_overrides, load_raw, validate
-from fedkit.recipes import shipped
+from fedkit.config.schema import apply_overrides, load_raw, validate
+from fedkit.config.shipped import shipped
+from fedkit.core.engine import prepare, run_round
 
 CONFIGS: dict[str, tuple[str, list[str]]] = {
     "FedAvg": ("fedavg-digits-skew", []),

@@ -59,10 +59,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedkit.config.schema import BackboneConfig
+from fedkit.core.engine import prepare, run_round
 from fedkit.data.datasets import ImageSet
-from fedkit.engine import prepare, run_round
 from fedkit.models.backbones import build_classifier, logits
-from fedkit.recipe import BackboneConfig
 from fedkit.testing import activate, tiny_recipe
 from fedkit.training import accuracy
 

@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedkit.engine import Run, prepare, run_round
+from fedkit.config.schema import validate
+from fedkit.core.engine import Run, prepare, run_round
 from fedkit.models.backbones import build_classifier, logits
-from fedkit.recipe import validate
 from fedkit.ssl.augment import TwoViewAugment
 from fedkit.testing import tiny_recipe
 from fedkit.training import make_optimizer

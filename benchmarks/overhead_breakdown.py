@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from overhead import average, bare_client, recipe, sampled, shards, shared
 
-import fedkit.engine
-import fedkit.worker
-from fedkit.client import ClientContext
-from fedkit.engine import prepare, run_round
-from fedkit.recipe import validate
+import fedkit.core.engine
+import fedkit.core.worker
+from fedkit.config.schema import validate
+from fedkit.core.engine import prepare, run_round
+from fedkit.plugin.context import ClientContext
 
 TIMES: dict[str, list[float]] = defaultdict(list)
 
@@ -47,7 +47,7 @@ def faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-UPDATE = fedkit.engine.update_cluster
+UPDATE = fedkit.core.engine.update_cluster
 
 
 def fedkit_side(raw: dict[str, Any], rounds: int) -> Any:
@@ -67,35 +67,39 @@ def fedkit_side(raw: dict[str, Any], rounds: int) -> Any:
             timed("fedkit: fetch (copy of the global state)", ClientContext.fetch),
         ),
         (
-            fedkit.worker.Worker,
+            fedkit.core.worker.Worker,
             "load",
-            timed("fedkit: load into the model", fedkit.worker.Worker.load),
+            timed("fedkit: load into the model", fedkit.core.worker.Worker.load),
         ),
-        (fedkit.worker.Worker, "train", timed("fedkit: train", fedkit.worker.Worker.train)),
         (
-            fedkit.worker,
+            fedkit.core.worker.Worker,
+            "train",
+            timed("fedkit: train", fedkit.core.worker.Worker.train),
+        ),
+        (
+            fedkit.core.worker,
             "_detached",
-            timed("fedkit: copy of the state after training", fedkit.worker._detached),
+            timed("fedkit: copy of the state after training", fedkit.core.worker._detached),
         ),
         (
-            fedkit.worker,
+            fedkit.core.worker,
             "non_finite",
-            timed("fedkit: non-finite check of the upload", fedkit.worker.non_finite),
+            timed("fedkit: non-finite check of the upload", fedkit.core.worker.non_finite),
         ),
         (
-            fedkit.engine,
+            fedkit.core.engine,
             "receive",
-            timed("fedkit: receive (ledger, roster)", fedkit.engine.receive),
+            timed("fedkit: receive (ledger, roster)", fedkit.core.engine.receive),
         ),
         (
-            fedkit.engine,
+            fedkit.core.engine,
             "update_cluster",
             timed("fedkit: update_cluster (per round)", update_cluster),
         ),
         (
-            fedkit.worker.Worker,
+            fedkit.core.worker.Worker,
             "run_safely",
-            timed("fedkit: whole client job", fedkit.worker.Worker.run_safely),
+            timed("fedkit: whole client job", fedkit.core.worker.Worker.run_safely),
         ),
     ]
     for owner, name, patch in patches:

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from overhead import SSL
 
-from fedkit.engine import Run, prepare, run_round
-from fedkit.precision import native_bf16
-from fedkit.recipe import validate
+from fedkit.config.schema import validate
+from fedkit.core.engine import Run, prepare, run_round
 from fedkit.testing import tiny_recipe
+from fedkit.training.precision import native_bf16
 
 SETTINGS = {
     "fp32": {"precision": "fp32", "channels_last": False},

@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedkit import rundir
-from fedkit.engine import SilentReporter
-from fedkit.recipe import validate
+from fedkit.config.schema import validate
+from fedkit.core import runs
+from fedkit.core.engine import SilentReporter
 
 
 def recipe(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,10 +85,10 @@ def one(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     out = Path(tempfile.mkdtemp(prefix="fedkit-scale-")) / "run"
-    run = rundir.start(validate(recipe(args)), out)
+    run = runs.start(validate(recipe(args)), out)
     clock = RoundClock()
     began = time.perf_counter()
-    rundir.execute(run, out, reporter=clock)
+    runs.execute(run, out, reporter=clock)
     seconds = time.perf_counter() - began
     folder = (
         out / "checkpoints" / json.loads((out / "checkpoints/latest.json").read_text())["folder"]

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from fedkit.engine import prepare, run_round
+from fedkit.config.schema import Recipe, validate
+from fedkit.core.engine import prepare, run_round
 from fedkit.evaluation.runner import representation_metrics
-from fedkit.recipe import Recipe, validate
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "random-init encoder (lower bound)": {"plugins": [{"fedbyol": {}}], "train": False},

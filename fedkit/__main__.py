@@ -1,5 +1,5 @@
 """``python -m fedkit`` runs the command line."""
 
-from fedkit.cli import main
+from fedkit.cli.app import main
 
 main()

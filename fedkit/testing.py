@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedkit.engine import Run, prepare, run_round
-from fedkit.plugins import Plugins, discover
-from fedkit.recipe import apply_overrides, load_raw, validate
+from fedkit.config.schema import apply_overrides, load_raw, validate
+from fedkit.core.engine import Run, prepare, run_round
+from fedkit.plugin.manager import Plugins, discover
 
 TINY: dict[str, Any] = {
     "seed": 0,

@@ -13,16 +13,16 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from fedkit import PluginOptions
-from fedkit.client import ClientContext
-from fedkit.fit import Objective
-from fedkit.keys import under
+from fedkit.core.server import Server
 from fedkit.models import create_backbone
 from fedkit.models.backbones import feature_dim
 from fedkit.models.heads import mlp
-from fedkit.server import Server
+from fedkit.plugin.context import ClientContext
+from fedkit.plugin.keys import under
 from fedkit.ssl.ema import ema_update
 from fedkit.ssl.local import TwoViewLoss, two_view_objective
 from fedkit.ssl.losses import byol_symmetric
+from fedkit.training.loop import Objective
 
 ONLINE = ("encoder", "projector")
 TARGET = ("target_encoder", "target_projector")

@@ -16,15 +16,15 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from fedkit import PluginOptions
-from fedkit.checkpoint import saved_part
-from fedkit.client import ClientContext
+from fedkit.core.server import Server
 from fedkit.errors import FedkitError, RecipeError
-from fedkit.fit import Objective
 from fedkit.models.backbones import create_backbone, feature_dim
 from fedkit.models.heads import classifier_head
+from fedkit.plugin.context import ClientContext
+from fedkit.rundir.checkpoint import saved_part
 from fedkit.seeding import derive
-from fedkit.server import Server
 from fedkit.training import normalize, supervised_loss, supervised_objective
+from fedkit.training.loop import Objective
 
 PRETRAINED = "pretrained_encoder"
 """The name under which a run keeps a server-side pre-trained encoder (``server.once``)."""

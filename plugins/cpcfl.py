@@ -19,14 +19,14 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedkit import hookimpl
-from fedkit.client import ClientContext
+from fedkit.config.schema import Recipe
+from fedkit.core.server import Server
 from fedkit.errors import RecipeError
 from fedkit.evaluation.metrics import relevance_score
-from fedkit.fit import Objective
-from fedkit.recipe import Recipe
+from fedkit.plugin.context import ClientContext
 from fedkit.seeding import derive
-from fedkit.server import Server
 from fedkit.ssl.pretrain import PretrainConfig, pretrain_encoder
+from fedkit.training.loop import Objective
 from fedkit_plugins.clustered import (
     PRETRAINED,
     PoolOptions,

@@ -28,10 +28,10 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedkit import PluginOptions, hookimpl
-from fedkit.client import ClientContext
+from fedkit.config.schema import Recipe
 from fedkit.errors import RecipeError
-from fedkit.keys import under
-from fedkit.recipe import Recipe
+from fedkit.plugin.context import ClientContext
+from fedkit.plugin.keys import under
 from fedkit.ssl.divergence import divergence
 
 PREDICTOR = "predictor."

@@ -28,11 +28,11 @@ from pydantic import Field
 from torch import Tensor
 
 from fedkit import PluginOptions, hookimpl
-from fedkit.client import ClientContext
+from fedkit.config.schema import Recipe
+from fedkit.core.server import Server, Upload
 from fedkit.errors import RecipeError
-from fedkit.recipe import Recipe
+from fedkit.plugin.context import ClientContext
 from fedkit.seeding import derive
-from fedkit.server import Server, Upload
 
 
 def accountant_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float):

@@ -10,11 +10,11 @@ from __future__ import annotations
 from torch import nn
 
 from fedkit import PluginOptions, hookimpl
-from fedkit.client import ClientContext
-from fedkit.fit import Objective
+from fedkit.core.server import Server
 from fedkit.models import build_classifier
-from fedkit.server import Server
+from fedkit.plugin.context import ClientContext
 from fedkit.training import supervised_objective
+from fedkit.training.loop import Objective
 
 
 class FedAvg:

@@ -15,8 +15,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedkit import PluginOptions, hookimpl
-from fedkit.keys import NORM_LAYERS, norm_keys
-from fedkit.recipe import Recipe
+from fedkit.config.schema import Recipe
+from fedkit.plugin.keys import NORM_LAYERS, norm_keys
 
 
 class FedBN:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from fedkit import hookimpl
-from fedkit.client import ClientContext
-from fedkit.fit import Objective
-from fedkit.recipe import Recipe
-from fedkit.server import Server
+from fedkit.config.schema import Recipe
+from fedkit.core.server import Server
+from fedkit.plugin.context import ClientContext
+from fedkit.training.loop import Objective
 from fedkit_plugins._ssl_common import (
     BYOLOptions,
     byol_model,

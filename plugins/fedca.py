@@ -33,18 +33,18 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedkit import hookimpl
-from fedkit.client import ClientContext
+from fedkit.config.schema import Recipe
+from fedkit.core.server import ClientInfo, Server, Upload
 from fedkit.data.datasets import ImageSet
 from fedkit.errors import RecipeError
 from fedkit.evaluation.features import extract_features
-from fedkit.fit import Objective
 from fedkit.models import create_backbone
-from fedkit.recipe import Recipe
+from fedkit.plugin.context import ClientContext
 from fedkit.seeding import derive
-from fedkit.server import ClientInfo, Server, Upload
 from fedkit.ssl.losses import nt_xent
 from fedkit.ssl.pretrain import PretrainConfig, pretrain_encoder
 from fedkit.training import normalize
+from fedkit.training.loop import Objective
 from fedkit_plugins._ssl_common import online_parts, ssl_objective
 from fedkit_plugins.fedsimclr import SimCLROptions
 

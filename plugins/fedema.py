@@ -27,9 +27,9 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedkit import PluginOptions, hookimpl
-from fedkit.client import ClientContext
-from fedkit.keys import parameter_keys, under
-from fedkit.recipe import Recipe
+from fedkit.config.schema import Recipe
+from fedkit.plugin.context import ClientContext
+from fedkit.plugin.keys import parameter_keys, under
 from fedkit.ssl.divergence import divergence
 
 DIVERGENCE, SCALER = "fedema_divergence", "fedema_lambda"

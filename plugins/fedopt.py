@@ -22,7 +22,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fedkit import PluginOptions, hookimpl
-from fedkit.server import Server
+from fedkit.core.server import Server
 
 
 class FedOpt:

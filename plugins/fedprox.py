@@ -13,7 +13,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedkit import PluginOptions, hookimpl
-from fedkit.client import ClientContext
+from fedkit.plugin.context import ClientContext
 
 
 class FedProx:

@@ -7,10 +7,10 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedkit import hookimpl
-from fedkit.client import ClientContext
-from fedkit.fit import Objective
-from fedkit.server import Server
+from fedkit.core.server import Server
+from fedkit.plugin.context import ClientContext
 from fedkit.ssl.losses import nt_xent
+from fedkit.training.loop import Objective
 from fedkit_plugins._ssl_common import SSLOptions, online_parts, ssl_objective
 
 

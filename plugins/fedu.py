@@ -24,12 +24,12 @@ from typing import Literal
 from torch import Tensor, nn
 
 from fedkit import hookimpl
-from fedkit.client import ClientContext
+from fedkit.config.schema import Recipe
+from fedkit.core.server import Server
 from fedkit.errors import RecipeError
-from fedkit.fit import Objective
-from fedkit.keys import under
-from fedkit.recipe import Recipe
-from fedkit.server import Server
+from fedkit.plugin.context import ClientContext
+from fedkit.plugin.keys import under
+from fedkit.training.loop import Objective
 from fedkit_plugins._ssl_common import (
     ONLINE,
     TARGET,

@@ -16,11 +16,11 @@ from pydantic import Field
 from torch import nn
 
 from fedkit import hookimpl
-from fedkit.client import ClientContext
-from fedkit.fit import Objective
-from fedkit.recipe import Recipe
+from fedkit.config.schema import Recipe
+from fedkit.core.server import Server
+from fedkit.plugin.context import ClientContext
 from fedkit.seeding import derive
-from fedkit.server import Server
+from fedkit.training.loop import Objective
 from fedkit_plugins.clustered import (
     PoolOptions,
     PoolPlugin,

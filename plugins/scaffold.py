@@ -24,10 +24,10 @@ import torch
 from torch import Tensor, nn
 
 from fedkit import PluginOptions, hookimpl
-from fedkit.client import ClientContext
+from fedkit.config.schema import Recipe
+from fedkit.core.server import Server, Upload
 from fedkit.errors import RecipeError
-from fedkit.recipe import Recipe
-from fedkit.server import Server, Upload
+from fedkit.plugin.context import ClientContext
 from fedkit.training import round_lr
 
 GLOBAL = "scaffold.c."

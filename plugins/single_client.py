@@ -17,9 +17,9 @@ from __future__ import annotations
 from torch import nn
 
 from fedkit import PluginOptions, hookimpl
+from fedkit.config.schema import Recipe
+from fedkit.core.server import Server
 from fedkit.errors import RecipeError
-from fedkit.recipe import Recipe
-from fedkit.server import Server
 
 
 class SingleClient:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from fedkit import PluginOptions, hookimpl
+from fedkit.config.schema import Recipe
+from fedkit.core.server import Server
 from fedkit.errors import RecipeError
-from fedkit.recipe import Recipe
-from fedkit.server import Server
 
 
 def scalars(row: dict[str, Any], prefix: str = "") -> dict[str, float]:

@@ -40,8 +40,8 @@ LoadedEntryPoint = Loaded
 
 def activate(raw: dict[str, Any], **extra: Any):
     """Validate a raw recipe and activate its plugins, with extra in-test plugins."""
-    from fedkit.plugins import Plugins, discover
-    from fedkit.recipe import validate
+    from fedkit.config.schema import validate
+    from fedkit.plugin.manager import Plugins, discover
 
     recipe = validate(raw)
     available = {**discover(), **{k: LoadedEntryPoint(v) for k, v in extra.items()}}
@@ -50,7 +50,7 @@ def activate(raw: dict[str, Any], **extra: Any):
 
 def prepared(raw: dict[str, Any], **extra: Any):
     """A prepared ``Run`` (no run directory) for a raw recipe and in-test plugins."""
-    from fedkit.engine import prepare
+    from fedkit.core.engine import prepare
 
     recipe, plugins = activate(raw, **extra)
     return prepare(recipe, plugins)
@@ -79,9 +79,9 @@ def client_context(
 
     ``train`` defaults to an empty image set (mean 0, std 1); the context has no cluster
     models to fetch and no plugins (``ctx.fit`` runs only the objective)."""
-    from fedkit.client import ClientContext, ClientData, ClientMemory, ModelKeys
+    from fedkit.config.schema import validate
     from fedkit.data.datasets import ImageSet
-    from fedkit.recipe import validate
+    from fedkit.plugin.context import ClientContext, ClientData, ClientMemory, ModelKeys
 
     if train is None:
         images = torch.zeros(0, 3, 1, 1, dtype=torch.uint8)

@@ -13,8 +13,8 @@ import pytest
 from conftest import tiny_recipe
 from typer.testing import CliRunner
 
-import fedkit.cli
-from fedkit.cli import app
+import fedkit.cli.app
+from fedkit.cli.app import app
 
 PLUGINS = {
     "misspelt": """
@@ -112,7 +112,7 @@ def installed(tmp_path, monkeypatch):
         (cls,) = re.findall(r"^class (\w+)", textwrap.dedent(source), flags=re.M)
         (info / "entry_points.txt").write_text(f"[fedkit]\n{name} = {name}_plugin:{cls}\n")
     monkeypatch.syspath_prepend(str(root))
-    monkeypatch.setattr(fedkit.cli.console, "width", 250)
+    monkeypatch.setattr(fedkit.cli.app.console, "width", 250)
     return root
 
 

@@ -10,9 +10,9 @@ from conftest import tiny_recipe
 from typer.testing import CliRunner
 
 import fedkit
-import fedkit.cli
-from fedkit.cli import app
-from fedkit.plugins import describe, discover, hook_names, hook_side
+import fedkit.cli.app
+from fedkit.cli.app import app
+from fedkit.plugin.manager import describe, discover, hook_names, hook_side
 
 runner = CliRunner()
 
@@ -23,7 +23,7 @@ def cells(line: str) -> list[str]:
 
 
 def test_plugins_lists_fedavg_with_package_and_hooks(monkeypatch):
-    monkeypatch.setattr(fedkit.cli.console, "width", 250)  # wide enough for one line per plugin
+    monkeypatch.setattr(fedkit.cli.app.console, "width", 250)  # wide enough for one line per plugin
     result = runner.invoke(app, ["plugins"])
     assert result.exit_code == 0
     header = next(ln for ln in result.output.splitlines() if "plugin" in ln and "┃" in ln)
@@ -104,7 +104,7 @@ def test_third_party_plugin_is_listed_and_usable(tmp_path, write_recipe, monkeyp
     site.mkdir()
     install_fake_package(site)
     monkeypatch.syspath_prepend(str(site))  # as an installed distribution on sys.path is seen
-    monkeypatch.setattr(fedkit.cli.console, "width", 200)
+    monkeypatch.setattr(fedkit.cli.app.console, "width", 200)
     listed = CliRunner().invoke(app, ["plugins"])
     assert listed.exit_code == 0, listed.output
     line = next(ln for ln in listed.output.splitlines() if "shrink" in ln)

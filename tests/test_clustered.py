@@ -19,18 +19,19 @@ from conftest import attach_spy
 from PIL import Image
 from safetensors.torch import save_file
 
-from fedkit import logs, rundir
-from fedkit.aggregation import weighted_mean
-from fedkit.checkpoint import saved_part
-from fedkit.client import ClientMemory
+from fedkit.config.schema import DataConfig, validate
+from fedkit.core import runs
+from fedkit.core.aggregation import weighted_mean
+from fedkit.core.engine import prepare, run_round
+from fedkit.core.messages import ClientJob, read_only
+from fedkit.core.server import Upload
 from fedkit.data.datasets import ImageSet
 from fedkit.data.federated import split_federated
-from fedkit.engine import prepare, run_round
 from fedkit.errors import RecipeError
-from fedkit.messages import ClientJob, read_only
 from fedkit.models.backbones import create_backbone
-from fedkit.recipe import DataConfig, validate
-from fedkit.server import Upload
+from fedkit.plugin.context import ClientMemory
+from fedkit.rundir import logs
+from fedkit.rundir.checkpoint import saved_part
 from fedkit.ssl.pretrain import PretrainConfig, build_heads, pretrain_encoder
 from fedkit.training import supervised_loss
 from fedkit_plugins.clustered import PRETRAINED, load_encoder, lowest_loss_cluster
@@ -241,7 +242,7 @@ def test_cpcfl_stage1_saves_a_reusable_encoder_and_scores_relevance(
     pretrain = {**QUICK_PRETRAIN, "epochs": 1, "objective": "byol"}
     rec = recipe(blobs, {"cpcfl": {"pretrain": pretrain}}, **{"federation.rounds": 1})
     out = tmp_path / "run"
-    summary = rundir.execute(rundir.start(rec, out), out)
+    summary = runs.execute(runs.start(rec, out), out)
     # kept by the core in the run's checkpoint (server.safetensors, pretrained_encoder/*)
     saved = saved_part(out, "", PRETRAINED, "server")
     assert saved.keys() == create_backbone(rec.backbone).state_dict().keys()
@@ -263,7 +264,7 @@ def test_cpcfl_needs_a_server_split_or_an_encoder(blobs: Path) -> None:
 def test_ifca_warm_start_from_a_fedavg_run(blobs: Path, tmp_path: Path) -> None:
     out = tmp_path / "fedavg"
     rec = recipe(blobs, {"name": "fedavg"}, **{"federation.rounds": 1})
-    rundir.execute(rundir.start(rec, out), out)
+    runs.execute(runs.start(rec, out), out)
     fedavg_encoder = load_encoder(out)
     plugin = {"ifca": {"encoder": str(out), "random_rounds": 2}}
     run = prepare(recipe(blobs, plugin))
@@ -335,7 +336,7 @@ def test_run_directory_records_identities_and_cluster_metrics_every_round(
 ) -> None:
     out = tmp_path / "ifca"
     rec = recipe(blobs, {"ifca": {}}, **{"federation.rounds": 2, "evaluation.every": 2})
-    rundir.execute(rundir.start(rec, out), out)
+    runs.execute(runs.start(rec, out), out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
     identities = logs.read_clients(out)  # every client is sampled: all 9 every round
@@ -354,14 +355,14 @@ def test_cpcfl_resume_reuses_the_saved_encoder_and_matches_an_uninterrupted_run(
     rec = recipe(blobs, {"cpcfl": {"switch_round": 1, "pretrain": pretrain}})
     rec = rec.model_copy(update={"federation": rec.federation.model_copy(update={"rounds": 2})})
     full = tmp_path / "full"
-    rundir.execute(rundir.start(rec, full), full)
+    runs.execute(runs.start(rec, full), full)
 
     cut = tmp_path / "cut"
-    run = rundir.start(rec, cut)
-    rundir.commit(run, cut, [run_round(run, 1)], 1)
+    run = runs.start(rec, cut)
+    runs.commit(run, cut, [run_round(run, 1)], 1)
     monkeypatch.setattr("fedkit_plugins.cpcfl.pretrain_encoder", pytest.fail)
-    resumed, done = rundir.resume(cut)
+    resumed, done = runs.resume(cut)
     assert done == 1 and resumed.server.state["pretrain"] == run.server.state["pretrain"]
-    rundir.execute(resumed, cut, done)
-    for a, b in zip(resumed.server.pool, rundir.resume(full)[0].server.pool, strict=True):
+    runs.execute(resumed, cut, done)
+    for a, b in zip(resumed.server.pool, runs.resume(full)[0].server.pool, strict=True):
         assert all(torch.equal(a[k], b[k]) for k in a)

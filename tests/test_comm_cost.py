@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fedkit.engine import prepare, run_round
-from fedkit.ledger import tensor_bytes
+from fedkit.config.schema import validate
+from fedkit.core.engine import prepare, run_round
+from fedkit.core.ledger import tensor_bytes
 from fedkit.models.backbones import create_backbone
-from fedkit.recipe import validate
 
 ROUNDS, CLIENTS, SAMPLED = 2, 6, 4
 

@@ -9,10 +9,10 @@ import torch
 from conftest import kept_model, prepared, spied
 
 from fedkit import hookimpl
-from fedkit.engine import run_round, update_cluster
+from fedkit.core.engine import run_round, update_cluster
+from fedkit.core.server import Upload
 from fedkit.errors import ClaimConflict, PluginError
-from fedkit.keys import under
-from fedkit.server import Upload
+from fedkit.plugin.keys import under
 from fedkit.training import accuracy
 
 

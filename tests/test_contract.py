@@ -15,16 +15,17 @@ from conftest import prepared, tiny_recipe
 from pydantic import BaseModel
 from test_ssl_plugins import ssl_recipe
 
-from fedkit import PluginOptions, hookimpl, rundir
-from fedkit.client import ClientContext
-from fedkit.engine import prepare, run_round
+from fedkit import PluginOptions, hookimpl
+from fedkit.config.schema import validate
+from fedkit.core import runs
+from fedkit.core.engine import prepare, run_round
+from fedkit.core.ledger import Ledger
+from fedkit.core.server import Server
 from fedkit.errors import RecipeError
-from fedkit.hookspecs import CLIENT
-from fedkit.ledger import Ledger
-from fedkit.plugins import hook_names, hook_side, implemented_hooks
-from fedkit.recipe import validate
-from fedkit.server import Server
-from fedkit.state_store import StateStore
+from fedkit.plugin.context import ClientContext
+from fedkit.plugin.hookspecs import CLIENT
+from fedkit.plugin.manager import hook_names, hook_side, implemented_hooks
+from fedkit.rundir.store import StateStore
 
 ROOT = Path(__file__).resolve().parent.parent
 SGD = {"optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.0}}
@@ -358,10 +359,10 @@ def test_resume_does_not_pre_train_again_and_plugins_leave_the_run_dir_alone(
     expected = [run_round(plain, r) for r in (1, 2)]
     assert len(calls) == 1
     out = tmp_path / "run"
-    run = rundir.start(recipe, out)
-    rundir.commit(run, out, [run_round(run, 1)], 1)
+    run = runs.start(recipe, out)
+    runs.commit(run, out, [run_round(run, 1)], 1)
     assert len(calls) == 2
-    resumed, done = rundir.resume(out)
+    resumed, done = runs.resume(out)
     assert done == 1 and len(calls) == 2  # kept by the core, not trained again
     assert run_round(resumed, 2) == expected[1]
     logs = {"metrics.jsonl", "clients.jsonl", "ledger.jsonl", "failures.jsonl"}

@@ -11,7 +11,7 @@ from conftest import client_context, kept_model, logged, prepared, spied
 from test_ssl_plugins import part, rounds, same, ssl_recipe
 from torch import nn
 
-from fedkit.engine import run_round
+from fedkit.core.engine import run_round
 from fedkit.errors import RecipeError
 from fedkit.ssl.divergence import divergence, divergence_layers
 from fedkit_plugins.dapu import DAPU

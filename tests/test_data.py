@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 from rich.console import Console
 
+from fedkit.config.schema import DataConfig
 from fedkit.data import (
     build_federated_data,
     load_split,
@@ -19,7 +20,6 @@ from fedkit.data import (
     save_partition,
 )
 from fedkit.errors import RecipeError
-from fedkit.recipe import DataConfig
 
 
 @pytest.fixture(scope="module")

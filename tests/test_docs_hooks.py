@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from fedkit import hookdocs, hookspecs
-from fedkit.plugins import hook_kind, hook_names, hook_side
+from fedkit.cli import reference
+from fedkit.plugin import hookspecs
+from fedkit.plugin.manager import hook_kind, hook_names, hook_side
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_hooks_md_is_generated_from_docstrings():
     page = (ROOT / "docs" / "hooks.md").read_text()
-    assert page == hookdocs.render(), "run: python -m fedkit.hookdocs docs/hooks.md"
+    assert page == reference.render(), "run: python -m fedkit.cli.reference docs/hooks.md"
 
 
 @pytest.mark.parametrize("name", hook_names())
@@ -28,7 +29,7 @@ def test_each_hook_documented_with_signature(name):
         assert f":param {param}:" in doc, f"{name} does not document {param}"
     assert ":returns:" in doc
     page = (ROOT / "docs" / "hooks.md").read_text()
-    assert f"## `{name}`" in page and hookdocs.signature(name) in page
+    assert f"## `{name}`" in page and reference.signature(name) in page
     assert f"*Side:* {hook_side(name)} · *Kind:* {hook_kind(name)}" in page
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fedkit.cli import app
-from fedkit.recipe import Recipe
-from fedkit.recipes import shipped
+from fedkit.cli.app import app
+from fedkit.config.schema import Recipe
+from fedkit.config.shipped import shipped
 
 ROOT = Path(__file__).resolve().parent.parent
 

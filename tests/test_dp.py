@@ -11,7 +11,7 @@ import torch
 from conftest import prepared, spied, tiny_recipe
 
 from fedkit import hookimpl
-from fedkit.engine import run_round
+from fedkit.core.engine import run_round
 from fedkit.errors import RecipeError
 
 pytest.importorskip("opacus", reason="the dp extra (opacus) is not installed")

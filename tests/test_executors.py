@@ -16,10 +16,11 @@ from conftest import tiny_recipe
 from test_resume import checkpoint_round, fedkit
 from test_ssl_plugins import ssl_recipe
 
-from fedkit import checkpoint, logs, rundir
-from fedkit.engine import prepare, run_round
-from fedkit.faults import draw
-from fedkit.recipe import validate
+from fedkit.config.schema import validate
+from fedkit.core import runs
+from fedkit.core.engine import prepare, run_round
+from fedkit.core.faults import draw
+from fedkit.rundir import checkpoint, logs
 from fedkit.seeding import derive
 
 ray = pytest.importorskip(
@@ -138,7 +139,7 @@ def test_sigkill_at_random_moments_then_resume_matches(ray_cluster, write_recipe
         federation={"rounds": 6, "clients_per_round": 3},
     )
     full = tmp_path / "full"
-    rundir.execute(rundir.start(validate(raw), full), full)
+    runs.execute(runs.start(validate(raw), full), full)
     address = ray.get_runtime_context().gcs_address
     raw["engine"] = {"executor": "ray", "workers": 1, "store": "disk", "address": address}
     path, killed = write_recipe(raw), tmp_path / "killed"

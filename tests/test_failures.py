@@ -11,11 +11,13 @@ import pytest
 import torch
 from conftest import prepared, tiny_recipe
 
-from fedkit import hookimpl, logs, rundir
-from fedkit.engine import run_round
+from fedkit import hookimpl
+from fedkit.config.schema import FaultConfig, validate
+from fedkit.core import runs
+from fedkit.core.engine import run_round
+from fedkit.core.faults import KINDS, draw
 from fedkit.errors import RoundFailed
-from fedkit.faults import KINDS, draw
-from fedkit.recipe import FaultConfig, validate
+from fedkit.rundir import logs
 
 
 def recipe(**faults):
@@ -95,23 +97,23 @@ def test_below_quorum_stops_the_run_with_its_checkpoint_intact(tmp_path):
     answered = [sum(draw(recipe_.faults, 0, r, c) is None for c in range(6)) for r in (1, 2, 3)]
     stop = next(r for r, n in enumerate(answered, 1) if n < 5)  # the draw decides where
     out = tmp_path / "run"
-    run = rundir.start(recipe_, out)
+    run = runs.start(recipe_, out)
     message = rf"round {stop}: {answered[stop - 1]} of 6 clients answered.*min_clients \(5\)"
     with pytest.raises(RoundFailed, match=message):
-        rundir.execute(run, out)
+        runs.execute(run, out)
     assert [r["round"] for r in logs.read_metrics(out)] == list(range(1, stop))
-    _, done = rundir.resume(out)
+    _, done = runs.resume(out)
     assert done == stop - 1
 
 
 def test_faults_are_the_same_on_resume(tmp_path):
     raw = recipe(exception=0.2, nan=0.2, dropout=0.1)
-    full = rundir.start(validate(raw), tmp_path / "full")
-    rundir.execute(full, tmp_path / "full")
-    half = rundir.start(validate(raw), tmp_path / "half")
-    rundir.commit(half, tmp_path / "half", [run_round(half, 1)], 1)
-    resumed, done = rundir.resume(tmp_path / "half")
-    rundir.execute(resumed, tmp_path / "half", done)
+    full = runs.start(validate(raw), tmp_path / "full")
+    runs.execute(full, tmp_path / "full")
+    half = runs.start(validate(raw), tmp_path / "half")
+    runs.commit(half, tmp_path / "half", [run_round(half, 1)], 1)
+    resumed, done = runs.resume(tmp_path / "half")
+    runs.execute(resumed, tmp_path / "half", done)
     for read in (logs.read_metrics, logs.read_clients, logs.read_ledger):
         assert read(tmp_path / "half") == read(tmp_path / "full")
     failures = logs.read_jsonl(tmp_path / "full" / "failures.jsonl")

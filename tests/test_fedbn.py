@@ -8,9 +8,9 @@ import torch
 from conftest import prepared, spied, tiny_recipe
 from torch import nn
 
-from fedkit.engine import run_round
-from fedkit.keys import norm_keys
-from fedkit.ledger import tensor_bytes
+from fedkit.core.engine import run_round
+from fedkit.core.ledger import tensor_bytes
+from fedkit.plugin.keys import norm_keys
 from fedkit.training import accuracy
 
 RECIPE = tiny_recipe(

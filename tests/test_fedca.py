@@ -12,14 +12,14 @@ from conftest import client_context, kept_model, prepared, spied, tiny_recipe
 from torch import nn
 from typer.testing import CliRunner
 
-import fedkit.cli
-from fedkit import checkpoint
-from fedkit.checkpoint import saved_part
-from fedkit.cli import app
-from fedkit.engine import run_round
+import fedkit.cli.app
+from fedkit.cli.app import app
+from fedkit.core.engine import run_round
+from fedkit.core.ledger import tensor_bytes
 from fedkit.errors import RecipeError
-from fedkit.ledger import tensor_bytes
-from fedkit.plugins import describe, discover
+from fedkit.plugin.manager import describe, discover
+from fedkit.rundir import checkpoint
+from fedkit.rundir.checkpoint import saved_part
 from fedkit_plugins.fedca import (
     DICTIONARY,
     PUBLIC_FEATURES,
@@ -235,7 +235,7 @@ def test_alignment_needs_a_public_split():
 
 
 def test_plugins_lists_fedca_as_uploading_data_derived_tensors(monkeypatch):
-    monkeypatch.setattr(fedkit.cli.console, "width", 250)  # one line per plugin
+    monkeypatch.setattr(fedkit.cli.app.console, "width", 250)  # one line per plugin
     assert describe(discover()["fedca"]).uploads_data_derived
     result = CliRunner().invoke(app, ["plugins"], terminal_width=200)
     line = next(ln for ln in result.output.splitlines() if "fedca" in ln)
@@ -259,20 +259,20 @@ def test_run_warns_and_keeps_the_base_features_in_its_checkpoint(write_recipe, t
 
 def test_resume_reuses_the_saved_base_encoder_and_matches(tmp_path, monkeypatch):
     import fedkit_plugins.fedca as fedca_module
-    from fedkit import rundir
-    from fedkit.recipe import validate
+    from fedkit.config.schema import validate
+    from fedkit.core import runs
 
     recipe = validate(fedca_recipe(rounds=2))
-    full = rundir.start(recipe, tmp_path / "full")
-    rundir.execute(full, tmp_path / "full")
-    half = rundir.start(recipe, tmp_path / "half")
-    rundir.commit(half, tmp_path / "half", [run_round(half, 1)], 1)
+    full = runs.start(recipe, tmp_path / "full")
+    runs.execute(full, tmp_path / "full")
+    half = runs.start(recipe, tmp_path / "half")
+    runs.commit(half, tmp_path / "half", [run_round(half, 1)], 1)
 
     def no_training(*args, **kwargs):
         raise AssertionError("the base encoder was trained again on resume")
 
     monkeypatch.setattr(fedca_module, "pretrain_encoder", no_training)
-    resumed, done = rundir.resume(tmp_path / "half")
-    rundir.execute(resumed, tmp_path / "half", done)
+    resumed, done = runs.resume(tmp_path / "half")
+    runs.execute(resumed, tmp_path / "half", done)
     for key, value in full.server.pool[0].items():
         assert torch.equal(value, resumed.server.pool[0][key]), key

@@ -8,7 +8,7 @@ import torch
 from conftest import spied
 from test_ssl_plugins import ssl_recipe
 
-from fedkit.engine import run_round
+from fedkit.core.engine import run_round
 from fedkit.ssl.divergence import divergence
 
 TAU = 0.7

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import prepared, tiny_recipe
 
-from fedkit.engine import run_round
+from fedkit.core.engine import run_round
 
 
 def run_two(*plugins):

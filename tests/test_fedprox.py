@@ -9,9 +9,9 @@ from conftest import prepared, tiny_recipe
 from test_ssl_plugins import ssl_recipe
 from torch import nn
 
-from fedkit.client import ClientContext, ClientData, ClientMemory, ModelKeys
-from fedkit.engine import run_round
-from fedkit.recipe import validate
+from fedkit.config.schema import validate
+from fedkit.core.engine import run_round
+from fedkit.plugin.context import ClientContext, ClientData, ClientMemory, ModelKeys
 from fedkit_plugins.fedprox import FedProx
 
 SGD = {"optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.0}}

@@ -12,15 +12,15 @@ import timm
 import torch
 from torch import nn
 
-import fedkit.engine
-import fedkit.worker
-from fedkit.aggregation import weighted_mean
-from fedkit.messages import ClientSetup
-from fedkit.recipe import validate
+import fedkit.core.engine
+import fedkit.core.worker
+from fedkit.config.schema import validate
+from fedkit.core.aggregation import weighted_mean
+from fedkit.core.messages import ClientSetup
+from fedkit.core.server import Upload
+from fedkit.core.worker import Worker, non_finite, plain_loading
 from fedkit.seeding import seed_everything
-from fedkit.server import Upload
 from fedkit.testing import assert_same_runs, run_recipe, tiny_recipe
-from fedkit.worker import Worker, non_finite, plain_loading
 
 # The plain code the hot path replaced, kept here as the reference it must equal.
 
@@ -51,11 +51,11 @@ def plain_weighted_mean(uploads, key):
 def test_fp32_runs_are_unchanged_by_the_hot_path(monkeypatch):
     raw = tiny_recipe(plugins=["fedavg"])
     fast = run_recipe(raw)
-    for module in (fedkit.worker, fedkit.engine):
+    for module in (fedkit.core.worker, fedkit.core.engine):
         monkeypatch.setattr(module, "seed_everything", plain_seed_everything)
         monkeypatch.setattr(module, "non_finite", plain_non_finite)
-    monkeypatch.setattr(fedkit.engine, "weighted_mean", plain_weighted_mean)
-    monkeypatch.setattr(fedkit.worker, "plain_loading", lambda model: False)
+    monkeypatch.setattr(fedkit.core.engine, "weighted_mean", plain_weighted_mean)
+    monkeypatch.setattr(fedkit.core.worker, "plain_loading", lambda model: False)
     assert_same_runs(fast, run_recipe(raw))
 
 

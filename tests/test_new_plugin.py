@@ -9,7 +9,7 @@ import sysconfig
 
 from typer.testing import CliRunner
 
-from fedkit.cli import app
+from fedkit.cli.app import app
 
 
 def test_a_new_plugin_installs_and_its_tests_pass(tmp_path):

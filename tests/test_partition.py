@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedkit.config.schema import DataConfig
 from fedkit.data.partition import PARTITIONERS, Partition, partition, register_partitioner
 from fedkit.errors import RecipeError
-from fedkit.recipe import DataConfig
 
 
 def _labels(per_class: int = 100, num_classes: int = 10, seed: int = 1) -> np.ndarray:

@@ -9,11 +9,12 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from fedkit import hookimpl, precision
-from fedkit.cli import app
+from fedkit import hookimpl
+from fedkit.cli.app import app
+from fedkit.config.schema import validate
 from fedkit.errors import RecipeError
-from fedkit.recipe import validate
 from fedkit.testing import assert_same_runs, run_recipe, tiny_recipe
+from fedkit.training import precision
 
 SMALL = {"data": {"max_train": 120}, "federation": {"rounds": 1}}
 

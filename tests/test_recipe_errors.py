@@ -6,8 +6,8 @@ import pytest
 from conftest import tiny_recipe
 from typer.testing import CliRunner
 
-from fedkit.cli import app
-from fedkit.recipe import apply_overrides, load_recipe
+from fedkit.cli.app import app
+from fedkit.config.schema import apply_overrides, load_recipe
 
 runner = CliRunner()
 

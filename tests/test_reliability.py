@@ -22,11 +22,12 @@ from conftest import tiny_recipe
 from test_resume import fedkit
 from typer.testing import CliRunner
 
-from fedkit import atomic, checkpoint, logs, rundir
-from fedkit.cli import app
+from fedkit.cli.app import app
+from fedkit.config.schema import validate
+from fedkit.core import runs
 from fedkit.errors import FedkitError
-from fedkit.integrity import sha256_file
-from fedkit.recipe import validate
+from fedkit.rundir import atomic, checkpoint, logs
+from fedkit.rundir.integrity import sha256_file
 
 runner = CliRunner()
 RECIPE = tiny_recipe(
@@ -67,7 +68,7 @@ def test_the_global_model_is_checked_before_it_is_kept():
     from conftest import prepared
 
     from fedkit import hookimpl
-    from fedkit.engine import run_round
+    from fedkit.core.engine import run_round
     from fedkit.errors import RoundFailed
 
     class Poison:
@@ -117,12 +118,12 @@ def reference(tmp_path_factory):
     (checkpoints of rounds 2 and 3 kept)."""
     root = tmp_path_factory.mktemp("reference")
     recipe = validate(RECIPE)
-    full = rundir.start(recipe, root / "full")
-    rundir.execute(full, root / "full")
-    half = rundir.start(recipe, root / "half")
-    rundir.commit(half, root / "half", [rundir.run_round(half, r) for r in (1,)], 1)
+    full = runs.start(recipe, root / "full")
+    runs.execute(full, root / "full")
+    half = runs.start(recipe, root / "half")
+    runs.commit(half, root / "half", [runs.run_round(half, r) for r in (1,)], 1)
     for r in (2, 3):
-        rundir.commit(half, root / "half", [rundir.run_round(half, r)], r)
+        runs.commit(half, root / "half", [runs.run_round(half, r)], r)
     half.close()
     return root
 
@@ -134,8 +135,8 @@ def results(out: Path) -> tuple:
 
 
 def finish(out: Path) -> None:
-    run, done = rundir.resume(out)
-    rundir.execute(run, out, done)
+    run, done = runs.resume(out)
+    runs.execute(run, out, done)
 
 
 def same(a: tuple, b: tuple) -> bool:
@@ -181,10 +182,10 @@ def test_a_damaged_newest_checkpoint_falls_back_and_says_so(reference, tmp_path)
     out = tmp_path / "run"
     shutil.copytree(reference / "half", out)
     (out / "checkpoints" / "round-0003" / "pool.safetensors").write_bytes(b"")
-    run, done = rundir.resume(out)
+    run, done = runs.resume(out)
     assert done == 2
     assert any("round-0003 is damaged" in note and "pool.safetensors" in note for note in run.notes)
-    rundir.execute(run, out, done)
+    runs.execute(run, out, done)
     assert same(results(out), results(reference / "full"))
 
 
@@ -209,9 +210,9 @@ def test_a_damaged_metrics_log_is_rebuilt_and_reported(reference, tmp_path, dama
         path.write_text("".join(lines)[:40])
     else:
         path.write_text("".join(lines[:1] + lines[2:]))
-    run, done = rundir.resume(out)
+    run, done = runs.resume(out)
     assert done == 3 and any("metrics.jsonl was damaged or missing" in n for n in run.notes)
-    rundir.execute(run, out, done)
+    runs.execute(run, out, done)
     assert same(results(out), results(reference / "full"))
 
 
@@ -271,9 +272,9 @@ def test_a_damaged_recipe_file_is_named_and_rebuilt_from_the_checkpoint(
         (out / "recipe.yaml").unlink()  # as the message says: delete it to rebuild it
     else:
         (out / "recipe.yaml").write_bytes(bytes(range(256)))
-    run, done = rundir.resume(out)
+    run, done = runs.resume(out)
     assert any("recipe.yaml was missing or unreadable" in n for n in run.notes)
-    rundir.execute(run, out, done)
+    runs.execute(run, out, done)
     assert same(results(out), results(reference / "full"))
 
 

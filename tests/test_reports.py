@@ -17,9 +17,9 @@ from test_clustered import make_blobs, recipe
 from test_ssl_plugins import ssl_recipe
 from typer.testing import CliRunner
 
-from fedkit import logs
-from fedkit.cli import app
-from fedkit.report import RunData, client_values_plot, pyplot
+from fedkit.cli.app import app
+from fedkit.cli.report import RunData, client_values_plot, pyplot
+from fedkit.rundir import logs
 from fedkit.testing import run_recipe, tiny_recipe
 
 runner = CliRunner()

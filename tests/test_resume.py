@@ -12,7 +12,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from fedkit.cli import app
+from fedkit.cli.app import app
 
 
 def fedkit(*args, wait=True):

@@ -9,9 +9,9 @@ from conftest import tiny_recipe
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from fedkit.cli import app
-from fedkit.integrity import sha256_file
-from fedkit.logs import read_clients, read_ledger, read_metrics
+from fedkit.cli.app import app
+from fedkit.rundir.integrity import sha256_file
+from fedkit.rundir.logs import read_clients, read_ledger, read_metrics
 
 runner = CliRunner()
 

@@ -23,13 +23,14 @@ from test_resume import checkpoint_round, fedkit
 from torch import nn
 from typer.testing import CliRunner
 
-from fedkit import hookimpl, rundir
-from fedkit.cli import app
-from fedkit.engine import run_round
-from fedkit.fit import Objective
-from fedkit.logs import read_clients, read_ledger, read_metrics
-from fedkit.recipe import validate
-from fedkit.state_store import read_memory
+from fedkit import hookimpl
+from fedkit.cli.app import app
+from fedkit.config.schema import validate
+from fedkit.core import runs
+from fedkit.core.engine import run_round
+from fedkit.rundir.logs import read_clients, read_ledger, read_metrics
+from fedkit.rundir.store import read_memory
+from fedkit.training.loop import Objective
 from fedkit_plugins.scaffold import DELTA, GLOBAL, OWN
 
 A = {0: torch.diag(torch.tensor([1.0, 0.1])), 1: torch.diag(torch.tensor([0.1, 1.0]))}
@@ -179,7 +180,7 @@ def test_control_variates_survive_sigkill_and_resume(write_recipe, tmp_path):
     )
     path = write_recipe(raw)
     full, killed = tmp_path / "full", tmp_path / "killed"
-    rundir.execute(rundir.start(validate(raw), full), full)  # in-process: same numbers
+    runs.execute(runs.start(validate(raw), full), full)  # in-process: same numbers
     proc = fedkit("run", str(path), "--out", str(killed), wait=False)
     deadline = time.monotonic() + 240
     while checkpoint_round(killed) < 2:

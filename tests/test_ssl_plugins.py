@@ -11,9 +11,9 @@ import torch
 from conftest import kept_model, prepared, spied, tiny_recipe
 from torch import nn
 
-from fedkit.engine import run_round
+from fedkit.core.engine import run_round
+from fedkit.core.ledger import tensor_bytes
 from fedkit.evaluation.runner import evaluation_sets, score_encoder
-from fedkit.ledger import tensor_bytes
 from fedkit_plugins._ssl_common import byol_loss_fn
 from fedkit_plugins.fedsimclr import FedSimCLR
 from fedkit_plugins.fedsimsiam import simsiam_loss_fn
@@ -287,7 +287,7 @@ def test_fedkit_eval_reproduces_the_runs_knn_and_scores_clients_and_transfer(tmp
     import yaml
     from typer.testing import CliRunner
 
-    from fedkit.cli import app
+    from fedkit.cli.app import app
 
     raw = ssl_recipe("fedsimsiam", evaluation={"protocol": "knn", "every": 0})
     raw["data"]["max_test"] = 60

@@ -10,12 +10,13 @@ import torch
 from conftest import prepared, tiny_recipe
 from test_ssl_plugins import ssl_recipe
 
-from fedkit import logs, rundir
-from fedkit.client import ClientMemory
-from fedkit.engine import run_round
-from fedkit.integrity import sha256_file
-from fedkit.recipe import validate
-from fedkit.state_store import DiskStore, MemoryStore, make_store, read_memory, write_memory
+from fedkit.config.schema import validate
+from fedkit.core import runs
+from fedkit.core.engine import run_round
+from fedkit.plugin.context import ClientMemory
+from fedkit.rundir import logs
+from fedkit.rundir.integrity import sha256_file
+from fedkit.rundir.store import DiskStore, MemoryStore, make_store, read_memory, write_memory
 
 
 def memory(value: float) -> ClientMemory:
@@ -121,8 +122,8 @@ def test_checkpoints_write_only_clients_that_trained(tmp_path, store):
         raw["federation"]["clients_per_round"] = 2
         raw["engine"] = {"store": store}
         out = tmp_path / f"{store}-{num_clients}"
-        run = rundir.start(validate(raw), out)
-        rundir.execute(run, out)
+        run = runs.start(validate(raw), out)
+        runs.execute(run, out)
         folder = (
             out
             / "checkpoints"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tutorials import TUTORIALS, run_tutorial, with_settings
 
-from fedkit.logs import read_ledger, read_metrics
+from fedkit.rundir.logs import read_ledger, read_metrics
 
 TINY = [
     "data.max_train=300",

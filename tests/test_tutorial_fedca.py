@@ -15,7 +15,7 @@ import yaml
 from test_tutorials_ssl import shrunk
 from tutorials import run_tutorial
 
-from fedkit.checkpoint import saved_part
+from fedkit.rundir.checkpoint import saved_part
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "tutorials" / "fedca.md"
 

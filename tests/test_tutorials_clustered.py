@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tutorials import run_tutorial, with_settings
 
-from fedkit.logs import read_clients
+from fedkit.rundir.logs import read_clients
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = ["ifca.md", "cpcfl.md"]

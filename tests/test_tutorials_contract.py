@@ -10,7 +10,7 @@ import pytest
 from safetensors.torch import load_file
 from tutorials import TUTORIALS, run_tutorial, with_settings
 
-from fedkit.logs import read_ledger, read_metrics
+from fedkit.rundir.logs import read_ledger, read_metrics
 
 TINY = [
     "data.dataset=digits",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tutorials import run_tutorial, with_settings
 
-from fedkit.logs import read_clients, read_metrics
+from fedkit.rundir.logs import read_clients, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = ["fedu.md", "dapu.md", "fedsimclr.md", "fedbyol-fedsimsiam.md"]

@@ -15,7 +15,7 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from fedkit.cli import app
+from fedkit.cli.app import app
 
 TUTORIALS = Path(__file__).resolve().parent.parent / "docs" / "tutorials"
 

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from fedkit.config.schema import DataConfig
 from fedkit.data.normalization import standardize
 from fedkit.errors import RecipeError, did_you_mean
-from fedkit.recipe import DataConfig
 
 DATASETS = (
     "digits",

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedkit.config.schema import DataConfig
 from fedkit.data.datasets import ImageSet, load_splits
 from fedkit.data.partition import partition
 from fedkit.errors import RecipeError
-from fedkit.recipe import DataConfig
 
 
 @dataclass

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from fedkit.config.schema import DataConfig
 from fedkit.errors import RecipeError, did_you_mean
-from fedkit.recipe import DataConfig
 
 _FIXED_ARGS = 3
 _DIRICHLET_ATTEMPTS = 100

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from fedkit.atomic import write_text
 from fedkit.data.federated import FederatedData
+from fedkit.rundir.atomic import write_text
 
 _CAPTION_CLASSES = 20
 

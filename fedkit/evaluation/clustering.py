@@ -13,10 +13,10 @@ from torch import Tensor, nn
 from fedkit.data.datasets import ImageSet
 from fedkit.evaluation.metrics import adjusted_rand, auroc, macro_f1
 from fedkit.models.backbones import logits
-from fedkit.training import batches, normalize
+from fedkit.training.batching import batches, normalize
 
 if TYPE_CHECKING:
-    from fedkit.server import Server
+    from fedkit.core.server import Server
 
 
 def identity_metrics(server: Server) -> dict[str, Any]:

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedkit.evaluation.features import extract_features, module_device, prepare_images
-from fedkit.fit import Objective, run_loop
 from fedkit.ssl.augment import TwoViewAugment
+from fedkit.training.loop import Objective, run_loop
 
 
 def _as_long(labels: Tensor | np.ndarray | Sequence[int]) -> Tensor:

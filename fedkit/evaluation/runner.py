@@ -19,17 +19,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedkit import precision
-from fedkit.client import ClientData
+from fedkit.config.schema import EvaluationConfig
 from fedkit.data.datasets import ImageSet
 from fedkit.evaluation.clustering import identity_metrics, personalized_metrics, predict
-from fedkit.recipe import EvaluationConfig
-from fedkit.state_store import StateStore
-from fedkit.training import accuracy
+from fedkit.plugin.context import ClientData
+from fedkit.rundir.store import StateStore
+from fedkit.training import precision
+from fedkit.training.supervised import accuracy
 
 if TYPE_CHECKING:
-    from fedkit.plugins import Plugins
-    from fedkit.server import ClientInfo, Server
+    from fedkit.core.server import ClientInfo, Server
+    from fedkit.plugin.manager import Plugins
 
 
 class Population(Protocol):

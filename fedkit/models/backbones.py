@@ -8,8 +8,8 @@ import timm
 import torch
 from torch import nn
 
+from fedkit.config.schema import BackboneConfig
 from fedkit.errors import RecipeError, did_you_mean
-from fedkit.recipe import BackboneConfig
 
 
 @cache

@@ -15,12 +15,12 @@ import torch
 from torch import Tensor, nn
 
 from fedkit.data.datasets import ImageSet
-from fedkit.fit import Objective
 from fedkit.ssl.augment import TwoViewAugment
-from fedkit.training import batches, transfer
+from fedkit.training.batching import batches, transfer
+from fedkit.training.loop import Objective
 
 if TYPE_CHECKING:
-    from fedkit.client import ClientContext
+    from fedkit.plugin.context import ClientContext
 
 TwoViewLoss = Callable[[nn.Module, Tensor, Tensor], Tensor]
 

@@ -17,7 +17,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from fedkit import fit
 from fedkit.data.datasets import ImageSet
 from fedkit.models.backbones import feature_dim
 from fedkit.models.heads import mlp
@@ -25,6 +24,7 @@ from fedkit.ssl.augment import TwoViewAugment
 from fedkit.ssl.ema import ema_update
 from fedkit.ssl.local import two_view_batches
 from fedkit.ssl.losses import byol_symmetric, nt_xent, simsiam_symmetric
+from fedkit.training import loop
 
 Objective = Literal["simclr", "byol", "simsiam"]
 
@@ -123,8 +123,8 @@ def pretrain_encoder(
             data, cfg.batch_size, augment, generator=generator, device=device, drop_last=True
         )
 
-    objective = fit.Objective(lambda _, batch: loss_fn(*batch), epoch, after_step=after_step)
+    objective = loop.Objective(lambda _, batch: loss_fn(*batch), epoch, after_step=after_step)
     model = nn.ModuleDict({"encoder": encoder, **heads})
-    result = fit.run_loop(model, objective, optimizer, cfg.epochs)
+    result = loop.run_loop(model, objective, optimizer, cfg.epochs)
     encoder.eval()
     return [e["loss"] for e in result.epochs]

@@ -1,0 +1,394 @@
+"""The ``fedkit`` command line: run, validate, plugins, recipes."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedkit.config import shipped
+from fedkit.errors import FedkitError, PluginError, RecipeError
+from fedkit.rundir.lock import LOCK, RunLock
+from fedkit.rundir.logs import RECIPE
+
+if TYPE_CHECKING:
+    from fedkit.config.schema import Recipe
+    from fedkit.plugin.manager import Plugins
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Federated representation learning and clustered FL, composed from plugins.",
+)
+console = Console()
+errors = Console(stderr=True)
+
+
+ADVICE = {
+    errno.ENOSPC: "free some space or choose another --out",
+    errno.EROFS: "the file system is read-only: choose another --out",
+    errno.EACCES: "no permission: choose a directory you can write to",
+    errno.EPERM: "no permission: choose a directory you can write to",
+    errno.ENOTDIR: "a part of this path is a file, not a directory",
+    errno.EISDIR: "this path is a directory, a file was expected",
+    errno.ENOENT: "it does not exist",
+}
+
+
+def os_message(exc: OSError) -> str:
+    """One line for an operating-system error: the path, what happened, what to do."""
+    where = exc.filename or "a file"
+    advice = ADVICE.get(exc.errno or 0, "check the path and try again")
+    return f"{where}: {exc.strerror or exc} — {advice}"
+
+
+@contextlib.contextmanager
+def friendly_errors() -> Iterator[None]:
+    """Bad input or a refusing machine → one message and exit code 2; a plugin's
+    exception → named, exit code 1."""
+    try:
+        yield
+    except FedkitError as exc:
+        errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        errors.print(f"[bold red]error:[/] {os_message(exc)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except PluginError as exc:
+        errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        cause = exc.__cause__
+        if cause is not None:
+            import traceback
+
+            errors.print("".join(traceback.format_exception(cause)), highlight=False, markup=False)
+        raise typer.Exit(1) from None
+
+
+@contextlib.contextmanager
+def naming_file(path: Path) -> Iterator[None]:
+    """Attach the recipe file to recipe errors raised by code that does not know it."""
+    try:
+        yield
+    except RecipeError as exc:
+        raise exc.in_file(str(path)) from None
+
+
+def load_checked(path: Path, overrides: list[str]) -> tuple[Recipe, Plugins]:
+    """Load, validate and check a recipe file; every error names the file."""
+    from fedkit.config.schema import load_recipe
+    from fedkit.core.preflight import check_recipe
+
+    with naming_file(path):
+        recipe = load_recipe(path, overrides)
+        return recipe, check_recipe(recipe)
+
+
+def engine_settings(executor: str | None, workers: int | None) -> list[str]:
+    """``--executor``/``--workers`` as the recipe keys they set."""
+    found = [f"engine.executor={executor}"] if executor is not None else []
+    return found + ([f"engine.workers={workers}"] if workers is not None else [])
+
+
+SetOption = Annotated[
+    list[str] | None, typer.Option("--set", "-s", help="Override a recipe key: a.b=value.")
+]
+
+
+@app.command()
+def run(
+    recipe: Annotated[str | None, typer.Argument(help="Recipe file or shipped name.")] = None,
+    set_: SetOption = None,
+    out: Annotated[Path | None, typer.Option(help="Run directory.")] = None,
+    resume: Annotated[Path | None, typer.Option(help="Continue the run in DIR.")] = None,
+    executor: Annotated[
+        str | None, typer.Option(help="sequential, isolated or ray (engine.executor).")
+    ] = None,
+    workers: Annotated[int | None, typer.Option(help="Ray actors (engine.workers).")] = None,
+    report: Annotated[
+        bool,
+        typer.Option(
+            "--report/--no-report",
+            envvar="FEDKIT_REPORT",
+            help="Write report.html at the end (FEDKIT_REPORT=0 makes --no-report the default).",
+        ),
+    ] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only problems.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the summary as JSON on stdout (implies -q).")
+    ] = False,
+) -> None:
+    """Run a recipe (or resume a run) and write its run directory."""
+    from fedkit.cli.progress import RichReporter, summary_table
+    from fedkit.core import runs
+    from fedkit.data.summary import partition_table, render_partition
+
+    quiet = quiet or as_json
+    engine = engine_settings(executor, workers)
+    with friendly_errors():
+        if resume is not None:
+            if recipe is not None or out is not None or engine:
+                raise FedkitError(
+                    "--resume takes the run directory, and --set only for federation.rounds "
+                    "or evaluation.* (no recipe, no --out, no --executor)"
+                )
+            out = resume
+        else:
+            if recipe is None:
+                raise FedkitError("give a recipe (file or shipped name) or --resume DIR")
+            path = shipped.resolve(recipe)
+            parsed, _ = load_checked(path, [*(set_ or []), *engine])
+            out = out or runs.default_out(path.stem)
+        fresh = not out.exists()
+        with RunLock(out), interrupted(out), tidy(out, fresh):
+            if resume is not None:
+                the_run, done = runs.resume(resume, set_ or [])
+                for note in the_run.notes:
+                    errors.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+                if not quiet:
+                    console.print(f"resuming {resume} after round {done}")
+            else:
+                with naming_file(path):
+                    the_run, done = runs.start(parsed, out), 0
+                data = the_run.server.data
+                if not quiet:
+                    console.print(render_partition(partition_table(data), data.train.classes))
+            warn_about(the_run)
+            rounds = the_run.recipe.federation.rounds
+            if quiet:
+                summary = runs.execute(the_run, out, done)
+            else:
+                with RichReporter(console, rounds, done) as reporter:
+                    summary = runs.execute(the_run, out, done, reporter)
+            page = write_report_if_possible(out) if report else None
+        if as_json:
+            print(json.dumps({**summary, "run_dir": str(out), "report": page}, sort_keys=True))
+        elif not quiet:
+            console.print(summary_table(summary, str(out)))
+            if page is not None:
+                console.print(f"report: {page}")
+
+
+def write_report_if_possible(out: Path) -> str | None:
+    """The run's report page (needs matplotlib: a note, not an error, without it)."""
+    from fedkit.cli.report import pyplot, write_report
+
+    try:
+        pyplot()
+    except FedkitError as exc:
+        errors.print(f"[yellow]note:[/] no report: {exc}", highlight=False, soft_wrap=True)
+        return None
+    return str(write_report(out))
+
+
+def warn_about(the_run: Any) -> None:
+    """Warnings a user should see before the rounds start."""
+    from fedkit.training import precision
+
+    server = the_run.server
+    for warning in precision.warnings(the_run.recipe, server.device, server.template):
+        errors.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    for name in the_run.plugins.uploads_data_derived():
+        errors.print(
+            f"[yellow]warning:[/] plugin {name!r} uploads data-derived tensors "
+            "(features or statistics of client data); the ledger counts them"
+        )
+    empty = [c.id for c in the_run.server.roster if c.num_samples == 0]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (", …" if len(empty) > 10 else "")
+        errors.print(
+            f"[yellow]warning:[/] {len(empty)} of {len(the_run.server.roster)} clients hold "
+            f"no training data and are never sampled (clients {shown})",
+            soft_wrap=True,
+        )
+
+
+@contextlib.contextmanager
+def tidy(out: Path, fresh: bool) -> Iterator[None]:
+    """A run that fails before it starts leaves nothing behind in a directory it created."""
+    try:
+        yield
+    except BaseException:
+        if fresh and out.is_dir() and not (out / RECIPE).exists():
+            (out / LOCK).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+
+
+@contextlib.contextmanager
+def interrupted(out: Path) -> Iterator[None]:
+    """Ctrl-C: say how to continue, exit 130 (the run directory keeps its last checkpoint)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        errors.print(
+            f"interrupted; {out} keeps its last checkpoint — continue with: "
+            f"fedkit run --resume {out}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
+
+
+@app.command()
+def validate(
+    recipe: Annotated[str, typer.Argument(help="Recipe file or shipped name.")],
+    set_: SetOption = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run/--no-dry-run",
+            help=(
+                "Also run one round on a few embedded images (finds key-claim conflicts); "
+                "plugins that pre-train on the server do so for their configured epochs."
+            ),
+        ),
+    ] = True,
+) -> None:
+    """Check a recipe without running it (by default with a one-round dry run)."""
+    from fedkit.plugin.authoring import dry_round
+
+    with friendly_errors():
+        path = shipped.resolve(recipe)
+        parsed, active = load_checked(path, set_ or [])
+        if dry_run:
+            with naming_file(path):
+                dry_round(parsed.model_dump(mode="json"))
+        console.print(
+            f"{path}: ok — plugins {', '.join(active.names)}, "
+            f"{parsed.federation.rounds} rounds, {parsed.data.num_clients} clients"
+        )
+
+
+@app.command("eval")
+def eval_(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory with a checkpoint.")],
+    protocol: Annotated[str, typer.Option(help="knn, linear or semi.")] = "linear",
+    dataset: Annotated[str | None, typer.Option(help="Evaluate on another data set.")] = None,
+    root: Annotated[str | None, typer.Option(help="That data set's directory.")] = None,
+    client: Annotated[int | None, typer.Option(help="A client's own encoder.")] = None,
+    set_: SetOption = None,
+) -> None:
+    """Evaluate a saved run's encoder (knn, linear or semi), also on another data set."""
+    from fedkit.cli.evaluate import evaluate_run
+    from fedkit.core import runs
+
+    with friendly_errors():
+        note = runs.describe_state(run_dir)
+        if note is not None:
+            errors.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        metrics = evaluate_run(
+            run_dir, protocol, dataset=dataset, root=root, overrides=set_ or [], client=client
+        )
+    print(json.dumps(metrics))
+
+
+@app.command("plugins")
+def list_plugins(
+    check: Annotated[
+        bool, typer.Option("--check", help="Report authoring mistakes; exit 2 if any.")
+    ] = False,
+) -> None:
+    """List installed plugins: package, hooks, and whether they upload data-derived tensors."""
+    from fedkit.plugin import manager as plugin_registry
+    from fedkit.plugin.authoring import check_entry_points, check_plugin
+
+    table = Table(title="fedkit plugins")
+    for column in ("plugin", "package", "server hooks", "client hooks", "data-derived", "summary"):
+        table.add_column(column, overflow="fold")
+    entry_points = plugin_registry.discover()
+    loaded, findings = check_entry_points(entry_points)
+    for name, ep in entry_points.items():
+        if name not in loaded:
+            dist = ep.dist
+            package = f"{dist.name} {dist.version}" if dist else "?"
+            table.add_row(name, package, "", "", "", "[red]broken: cannot be imported[/]")
+            continue
+        info = plugin_registry.describe(ep)
+        sides = info.hooks_by_side()
+        table.add_row(
+            name,
+            f"{info.package} {info.version}",
+            ", ".join(sides["server"]),
+            ", ".join(sides["client"]),
+            "yes" if info.uploads_data_derived else "no",
+            info.summary,
+        )
+        findings += check_plugin(name, loaded[name]) if check else []
+    console.print(table)
+    for finding in findings if check else []:
+        errors.print(f"[bold red]error:[/] {finding}", highlight=False, soft_wrap=True)
+    if check and findings:
+        raise typer.Exit(2)
+
+
+@app.command("report")
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+) -> None:
+    """Plot a run (PNG files) and write one self-contained HTML page: RUN_DIR/report.html."""
+    from fedkit.cli.report import write_report
+
+    with friendly_errors():
+        page = write_report(run_dir)
+    console.print(f"report: {page}")
+
+
+@app.command("compare")
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Two or more run directories.")],
+    out: Annotated[Path, typer.Option(help="Where to write compare.html and its plots.")] = Path(
+        "compare"
+    ),
+    as_markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the table as Markdown (for a README).")
+    ] = False,
+) -> None:
+    """Compare runs: final and best metrics, bytes, wall time, curves; also as HTML."""
+    from fedkit.cli.compare import compare_runs, markdown
+
+    with friendly_errors():
+        table, page = compare_runs(run_dirs, out)
+    if as_markdown:
+        print(markdown(table))
+    else:
+        console.print(table)
+    (errors if as_markdown else console).print(f"page: {page}")  # stdout stays Markdown
+
+
+@app.command("new-plugin")
+def new_plugin(
+    name: Annotated[str, typer.Argument(help="The plugin's name (lowercase, e.g. myprox).")],
+    directory: Annotated[Path, typer.Option("--dir", help="Where to create it.")] = Path("."),
+) -> None:
+    """Create an installable plugin package (entry point, Options, recipe, README, test)."""
+    from fedkit.cli.newplugin import create
+
+    with friendly_errors():
+        root = create(name, directory)
+    console.print(f"created {root}: pip install -e {root} && pytest {root}")
+
+
+@app.command("recipes")
+def list_recipes() -> None:
+    """List shipped recipes with their one-line descriptions."""
+    table = Table(title="shipped recipes")
+    table.add_column("recipe")
+    table.add_column("description")
+    for name, path in shipped.shipped().items():
+        table.add_row(name, shipped.describe(path))
+    console.print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(app())

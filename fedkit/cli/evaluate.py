@@ -1,0 +1,70 @@
+"""Evaluate a finished (or interrupted) run's encoder after the fact: ``fedkit eval``.
+
+The encoder comes from the run directory's newest checkpoint (cluster 0's, or one
+client's own with ``client``); the data is the run's recipe with overrides, so the same
+encoder can be scored on another data set (transfer). The protocol learns from the whole
+train split (``data.max_train`` limits it) and is scored on the test split, both capped
+by ``evaluation.max_eval``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedkit.config.schema import Recipe, load_recipe
+from fedkit.core.engine import resolve_device
+from fedkit.core.preflight import check_data
+from fedkit.data.datasets import load_splits
+from fedkit.errors import FedkitError, RecipeError
+from fedkit.evaluation.runner import capped, score_encoder
+from fedkit.models import create_backbone
+from fedkit.rundir.checkpoint import personal_state, saved_part
+
+PROTOCOLS = ("knn", "linear", "semi")
+
+
+def saved_encoder(run_dir: Path, recipe: Recipe, client: int | None = None) -> nn.Module:
+    """The encoder of cluster 0 from the run's newest checkpoint, or ``client``'s personal
+    one (its cluster's encoder with the keys it kept, as personalised evaluation uses)."""
+    if client is None:
+        state = saved_part(run_dir, "encoder")
+    else:
+        prefix = "encoder."
+        personal = personal_state(run_dir, client)
+        state = {k[len(prefix) :]: v for k, v in personal.items() if k.startswith(prefix)}
+    encoder = create_backbone(recipe.backbone)
+    encoder.load_state_dict(state)
+    return encoder
+
+
+def evaluate_run(
+    run_dir: Path,
+    protocol: str,
+    *,
+    dataset: str | None = None,
+    root: str | None = None,
+    overrides: list[str] | None = None,
+    client: int | None = None,
+) -> dict[str, Any]:
+    """Score a saved encoder with ``protocol`` on the run's data set or another one."""
+    if protocol not in PROTOCOLS:
+        raise RecipeError("--protocol", "one of " + ", ".join(PROTOCOLS), protocol)
+    recipe_file = run_dir / "recipe.yaml"
+    if not recipe_file.is_file():
+        raise FedkitError(f"{run_dir}: no recipe.yaml here; expected a run directory")
+    extra = [f"data.dataset={dataset}"] if dataset else []
+    extra += [f"data.root={root}"] if root else []
+    recipe = load_recipe(recipe_file, [*extra, *(overrides or [])])
+    check_data(recipe)
+    device = resolve_device(recipe.device)
+    encoder = saved_encoder(run_dir, recipe, client).to(device)
+    train, test = load_splits(recipe.data)
+    cfg, seed = recipe.evaluation, recipe.seed
+    train, test = capped(train, cfg.max_eval, seed), capped(test, cfg.max_eval, seed)
+    with torch.enable_grad():
+        metrics = score_encoder(encoder, train, test, protocol, cfg, seed, device)
+    return {"dataset": recipe.data.dataset, "protocol": protocol, **metrics}

@@ -1,0 +1,336 @@
+"""Run reports: PNG plots of a run directory and one self-contained HTML page.
+
+``fedkit report RUN_DIR`` (and the end of every ``fedkit run``, unless ``--no-report``)
+writes ``RUN_DIR/report/*.png`` and ``RUN_DIR/report.html``, whose images are inlined so
+the page opens from disk anywhere. What is plotted depends on what the run logged:
+
+* accuracy per round: global test, personalised, kNN, linear probe, semi-supervised;
+* the training loss, and every extra loss term;
+* bytes per round, down and up, by ledger category (model, auxiliary, data-derived);
+* each client's accuracy on its local test set, per evaluated round;
+* the cluster every client chose in every round, with the adjusted Rand index;
+* every other number clients report (divergences, update decisions, mixing weights,
+  update norms: whatever plugins log), per client and per round;
+* the partition: each client's training images per class.
+
+Needs matplotlib (the ``report`` extra); the page carries a small script that records
+whether every image loaded and any error, which a headless browser can read back.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedkit.core.ledger import FIELDS
+from fedkit.errors import FedkitError
+from fedkit.rundir.atomic import write_bytes, write_text
+from fedkit.rundir.logs import FAILURES, RECIPE, read_clients, read_jsonl, read_ledger, read_metrics
+
+ACCURACY = ("test_accuracy", "personalized_accuracy", "knn_accuracy", "linear_accuracy")
+CHECK = """<script>
+window.__errors = [];
+window.addEventListener("error", e => window.__errors.push(String(e.message)));
+const shown = console.error;
+console.error = (...a) => { window.__errors.push(a.join(" ")); shown(...a); };
+window.addEventListener("load", () => {
+  const images = Array.from(document.images);
+  const loaded = images.filter(i => i.complete && i.naturalWidth > 0).length;
+  document.body.dataset.images = loaded + "/" + images.length;
+  document.body.dataset.errors = String(window.__errors.length);
+});
+</script>"""
+
+
+def pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise FedkitError("fedkit report needs matplotlib (pip install 'fedkit[report]')") from None
+    return plt
+
+
+class RunData:
+    """Everything a report reads from a run directory."""
+
+    def __init__(self, out: Path) -> None:
+        if not (out / "metrics.jsonl").exists():
+            raise FedkitError(f"{out}: no metrics.jsonl here; expected a run directory")
+        self.out = out
+        self.rows = read_metrics(out)
+        self.clients = read_clients(out)
+        self.ledger = read_ledger(out)
+        self.failures = read_jsonl(out / FAILURES)
+        partition = out / "partition.json"
+        self.partition = json.loads(partition.read_text()) if partition.exists() else []
+        recipe = out / RECIPE
+        self.recipe = recipe.read_text() if recipe.exists() else ""
+        summary = out / "summary.json"
+        self.summary = json.loads(summary.read_text()) if summary.exists() else {}
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        pairs = [(r["round"], r[key]) for r in self.rows if isinstance(r.get(key), (int, float))]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def keys(self, test: Callable[[str], bool]) -> list[str]:
+        found: dict[str, None] = {}
+        for row in self.rows:
+            found.update({k: None for k, v in row.items() if test(k) and _number(v)})
+        return list(found)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def accuracy_plot(plt: Any, data: RunData) -> Any:
+    keys = data.keys(lambda k: k in ACCURACY or k.startswith(("semi_accuracy", "personal_")))
+    if not keys:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for key in keys:
+        rounds, values = data.series(key)
+        ax.plot(rounds, values, marker="o", markersize=3, label=key)
+    ax.set(xlabel="round", ylabel="accuracy", title="Accuracy per round")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def loss_plot(plt: Any, data: RunData) -> Any:
+    keys = data.keys(lambda k: k == "train_loss" or k.startswith("train_loss_"))
+    if not keys:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for key in keys:
+        ax.plot(*data.series(key), marker="o", markersize=3, label=key)
+    ax.set(xlabel="round", ylabel="loss", title="Local training loss (sample-weighted mean)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def bytes_plot(plt: Any, data: RunData) -> Any:
+    rows = [r for r in data.rows if isinstance(r.get("bytes"), dict)]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    rounds = [r["round"] for r in rows]
+    bottom = [0.0] * len(rows)
+    for field in FIELDS:
+        values = [r["bytes"].get(field, 0) / 2**20 for r in rows]
+        if any(values):
+            ax.bar(rounds, values, bottom=bottom, label=field)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set(xlabel="round", ylabel="MB", title="Bytes per round by ledger category")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def client_accuracy_plot(plt: Any, data: RunData) -> Any:
+    rows = [(c["round"], c.get("client_accuracy") or {}) for c in data.clients]
+    rows = [(r, list(v.values())) for r, v in rows if v]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.boxplot([v for _, v in rows], positions=[r for r, _ in rows], widths=0.6)
+    ax.set(xlabel="round", ylabel="accuracy", title="Each client's accuracy on its local test set")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def clusters_plot(plt: Any, data: RunData) -> Any:
+    chosen = {k for c in data.clients for k in c.get("clusters", {}).values()}
+    if len(chosen) < 2:  # one model for everyone: nothing to show
+        return None
+    clients = sorted({int(k) for c in data.clients for k in c.get("clusters", {})})
+    index = {c: i for i, c in enumerate(clients)}
+    grid, last = [], [math.nan] * len(clients)
+    for row in data.clients:
+        for cid, cluster in row.get("clusters", {}).items():
+            last[index[int(cid)]] = cluster
+        grid.append(list(last))
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(7, 5), gridspec_kw={"height_ratios": [3, 1]}, sharex=True
+    )
+    rounds = [c["round"] for c in data.clients]
+    count = int(max(chosen)) + 1
+    image = top.imshow(
+        list(map(list, zip(*grid, strict=True))),
+        aspect="auto",
+        interpolation="nearest",
+        extent=(rounds[0] - 0.5, rounds[-1] + 0.5, len(clients) - 0.5, -0.5),
+        cmap=plt.get_cmap("tab10", count),
+        vmin=-0.5,
+        vmax=count - 0.5,
+    )
+    top.set(
+        ylabel="client",
+        title="Cluster identity of every client (latest choice; blank: not yet sampled)",
+    )
+    fig.colorbar(image, ax=top, label="cluster", ticks=range(count))
+    if data.keys(lambda k: k == "ari"):
+        bottom.plot(*data.series("ari"), marker="o", markersize=3, label="ARI (all clients)")
+    if data.keys(lambda k: k == "ari_round"):
+        bottom.plot(*data.series("ari_round"), marker=".", label="ARI (this round's clients)")
+    bottom.set(xlabel="round", ylabel="ARI", ylim=(-0.1, 1.05))
+    if bottom.get_legend_handles_labels()[0]:
+        bottom.legend(fontsize=8)
+    return fig
+
+
+def client_values_plot(plt: Any, data: RunData) -> Any:
+    names: dict[str, None] = {}
+    for row in data.clients:
+        for values in row.get("per_client", {}).values():
+            names.update(
+                {k: None for k, v in values.items() if not k.startswith("loss") and _value(v)}
+            )
+    if not names:
+        return None
+    fig, axes = plt.subplots(len(names), 1, figsize=(7, 2.4 * len(names)), squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        xs, ys = [], []
+        for row in data.clients:
+            for values in row.get("per_client", {}).values():
+                if _value(values.get(name)):
+                    xs.append(row["round"])
+                    ys.append(float(values[name]))
+        ax.scatter(xs, ys, s=10, alpha=0.6, label="a client")
+        mean_rounds, mean_values = data.series(f"train_{name}")
+        ax.plot(mean_rounds, mean_values, color="black", label="sample-weighted mean")
+        ax.set(ylabel=name)
+        ax.legend(fontsize=7)
+    axes[0, 0].set_title("What clients report, per client and round")
+    axes[-1, 0].set_xlabel("round")
+    fig.tight_layout()
+    return fig
+
+
+def _value(v: Any) -> bool:
+    return isinstance(v, (int, float)) and (isinstance(v, bool) or math.isfinite(v))
+
+
+def partition_plot(plt: Any, data: RunData) -> Any:
+    counts = [row.get("train_counts") for row in data.partition]
+    if not counts or any(c is None for c in counts):
+        return None
+    fig, ax = plt.subplots(figsize=(7, min(6.0, max(2.5, 0.18 * len(counts) + 1))))
+    image = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
+    ax.set(xlabel="class", ylabel="client", title="Training images per client and class")
+    fig.colorbar(image, ax=ax)
+    return fig
+
+
+PLOTS = {
+    "accuracy": accuracy_plot,
+    "loss": loss_plot,
+    "bytes": bytes_plot,
+    "client_accuracy": client_accuracy_plot,
+    "clusters": clusters_plot,
+    "client_values": client_values_plot,
+    "partition": partition_plot,
+}
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<table>{cells}</table>"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def partition_html(data: RunData) -> str:
+    """Each client's training images and the classes it holds, as an HTML table."""
+    rows = []
+    for row in data.partition:
+        counts = row.get("train_counts") or []
+        held = [str(c) for c, n in enumerate(counts) if n]
+        group = "" if row.get("group") is None else row["group"]
+        rows.append(
+            f"<tr><td>{row.get('client')}</td><td>{row.get('n_train', '')}</td>"
+            f"<td>{row.get('n_test', '')}</td><td>{group}</td>"
+            f"<td>{len(held)}: {html.escape(' '.join(held))}</td></tr>"
+        )
+    if not rows:
+        return ""
+    head = "<tr><th>client</th><th>train</th><th>test</th><th>group</th><th>classes</th></tr>"
+    return f"<h2>Partition</h2><table>{head}{''.join(rows)}</table>"
+
+
+def figure(name: str, png: bytes) -> str:
+    """An inlined PNG with its caption."""
+    encoded = base64.b64encode(png).decode()
+    return (
+        f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{encoded}">'
+        f"<figcaption>{html.escape(name)}</figcaption></figure>"
+    )
+
+
+def page(title: str, body: str) -> str:
+    """A self-contained HTML page that records, for a headless browser, how many of its
+    images loaded (``body[data-images]``) and how many errors it saw (``data-errors``)."""
+    style = (
+        "body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin-bottom:1em}"
+        "th,td{border:1px solid #ccc;padding:2px 8px;text-align:left;font-size:0.9em}"
+        "img{max-width:100%}pre{background:#f6f6f6;padding:1em;overflow-x:auto}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style>{CHECK}</head><body>{body}</body></html>"
+    )
+
+
+def render_html(data: RunData, images: dict[str, bytes]) -> str:
+    """The report page: summary tables, every plot inlined, the recipe, failures."""
+    final = data.rows[-1] if data.rows else {}
+    summary = [(k, _fmt(v)) for k, v in final.items() if _number(v) or isinstance(v, str)]
+    totals = data.summary.get("bytes", {})
+    sections = [
+        f"<h1>fedkit run report</h1><p>{html.escape(str(data.out))}</p>",
+        f"<h2>Last round ({final.get('round', '–')})</h2>{_table(summary)}",
+    ]
+    if totals:
+        moved = [(k, f"{v / 2**20:.1f} MB") for k, v in totals.items()]
+        sections.append(f"<h2>Bytes moved</h2>{_table(moved)}")
+    sections += [figure(name, png) for name, png in images.items()]
+    sections.append(partition_html(data))
+    if data.failures:
+        failed = [(f"round {f['round']}, client {f['client']}", f["error"]) for f in data.failures]
+        sections.append(f"<h2>Failures</h2>{_table(failed)}")
+    sections.append(f"<h2>Recipe</h2><pre>{html.escape(data.recipe)}</pre>")
+    return page("fedkit report", "".join(sections))
+
+
+def write_report(out: Path) -> Path:
+    """Write ``out/report/*.png`` and ``out/report.html``; returns the page's path."""
+    import io
+
+    plt = pyplot()
+    data = RunData(out)
+    images: dict[str, bytes] = {}
+    for name, plot in PLOTS.items():
+        fig = plot(plt, data)
+        if fig is None:
+            continue
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+        plt.close(fig)
+        images[name] = buffer.getvalue()
+        write_bytes(out / "report" / f"{name}.png", images[name])
+    page = out / "report.html"
+    write_text(page, render_html(data, images))
+    return page

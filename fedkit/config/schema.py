@@ -1,0 +1,330 @@
+"""Recipe schema: YAML validated into typed config before anything runs.
+
+Every section forbids unknown keys, so a misspelt key is an error (with a did-you-mean)
+rather than a silently ignored setting. ``--set a.b=c`` overrides are applied to the raw
+mapping before validation, so they are checked exactly like the file's own values.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from fedkit.errors import RecipeError, unknown_hint
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BackboneConfig(Section):
+    """A timm model used as the encoder (built with ``num_classes=0``)."""
+
+    name: str = "test_resnet"
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    cifar_stem: bool = False
+    pretrained: bool = False
+
+
+class PartitionConfig(Section):
+    """A partitioner by name and its parameters (e.g. ``{name: dirichlet, alpha: 0.5}``)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = "iid"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class DataConfig(Section):
+    dataset: str = "digits"
+    root: str | None = None
+    download: bool = False
+    image_size: int = Field(32, gt=0)
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    num_clients: int = Field(10, gt=0)
+    server_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    local_test_size: int = Field(100, gt=0)
+    max_train: int | None = Field(None, gt=0)
+    max_test: int | None = Field(None, gt=0)
+
+    @field_validator("partition", mode="before")
+    @classmethod
+    def _partition_from_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+
+class OptimizerConfig(Section):
+    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.9, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class ScheduleConfig(Section):
+    """Learning rate across rounds: constant, or cosine decay per round (constant within)."""
+
+    name: Literal["constant", "cosine"] = "constant"
+
+
+class FederationConfig(Section):
+    rounds: int = Field(5, gt=0)
+    clients_per_round: int = Field(10, gt=0)
+    local_epochs: int = Field(1, gt=0)
+    batch_size: int = Field(32, gt=0)
+    drop_last: bool = False
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    lr_schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    min_clients: int = Field(1, gt=0)
+    client_timeout: float | None = Field(None, gt=0)
+
+    @field_validator("lr_schedule", mode="before")
+    @classmethod
+    def _schedule_from_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+
+class PluginSpec(Section):
+    """One active plugin and its options (the plugin validates the options itself)."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvaluationConfig(Section):
+    """Which protocol scores the model, and how often (0: only after the last round).
+
+    ``personal``: with a representation protocol (knn, linear, semi), also score every
+    trained client's own encoder (its cluster's state with its private keys).
+    """
+
+    protocol: Literal["supervised", "knn", "linear", "semi", "none"] = "supervised"
+    every: int = Field(1, ge=0)
+    personal: bool = False
+    knn_k: int = Field(200, gt=0)
+    knn_temperature: float = Field(0.1, gt=0)
+    linear_epochs: int = Field(200, gt=0)
+    linear_lr: float = Field(3e-3, gt=0)
+    semi_fractions: list[float] = Field(default_factory=lambda: [0.01, 0.1])
+    semi_epochs: int = Field(100, gt=0)
+    semi_lr: float = Field(1e-3, gt=0)
+    max_eval: int | None = Field(None, gt=0)
+
+    @field_validator("semi_fractions")
+    @classmethod
+    def _fractions(cls, value: list[float]) -> list[float]:
+        if not value or any(not 0.0 < f <= 1.0 for f in value):
+            raise ValueError("a non-empty list of label fractions in (0, 1]")
+        return value
+
+
+class EngineConfig(Section):
+    """Where clients run and where what they keep lives.
+
+    ``executor``: ``sequential`` (one after another, in this process), ``isolated`` (each
+    job as a fresh worker process would run it: plugins rebuilt from the recipe,
+    everything that crosses pickled; for checking plugins) or ``ray`` (long-lived actors
+    on a Ray cluster; the ``ray`` extra). ``workers``, ``num_cpus``, ``num_gpus``,
+    ``address``: Ray's actor count, resources per actor and cluster (``auto``,
+    ``ray://host:port``; none: a local cluster). ``store``: ``memory``, ``disk`` or
+    ``auto`` (disk when the clients' kept state would pass ``memory_budget_mb``);
+    ``cache``: client memories a disk store keeps in memory.
+    """
+
+    executor: Literal["sequential", "isolated", "ray"] = "sequential"
+    checkpoint_every: int = Field(1, ge=1)
+    workers: int | None = Field(None, gt=0)
+    num_cpus: float = Field(1.0, gt=0)
+    num_gpus: float = Field(0.0, ge=0)
+    address: str | None = None
+    store: Literal["auto", "memory", "disk"] = "auto"
+    memory_budget_mb: float = Field(1024.0, gt=0)
+    cache: int = Field(64, gt=0)
+    keep_checkpoints: int = Field(2, ge=1)
+
+
+class FaultConfig(Section):
+    """Injected client faults (testing only): per sampled client and round, the probability
+    of each fault (they must sum to at most 1); ``delay``: a straggler's extra seconds."""
+
+    exception: float = Field(0.0, ge=0, le=1)
+    dropout: float = Field(0.0, ge=0, le=1)
+    nan: float = Field(0.0, ge=0, le=1)
+    straggler: float = Field(0.0, ge=0, le=1)
+    crash: float = Field(0.0, ge=0, le=1)
+    delay: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _at_most_one(self) -> FaultConfig:
+        total = self.exception + self.dropout + self.nan + self.straggler + self.crash
+        if total > 1:
+            raise ValueError(f"fault probabilities summing to at most 1, found {total:g}")
+        return self
+
+
+class Recipe(Section):
+    """A complete, validated run description."""
+
+    description: str = ""
+    seed: int = 0
+    backbone: BackboneConfig = Field(default_factory=BackboneConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    federation: FederationConfig = Field(default_factory=FederationConfig)
+    plugins: list[PluginSpec] = Field(default_factory=list)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16"] = "fp32"
+    channels_last: bool = False
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _plugin_shorthand(cls, value: Any) -> Any:
+        """Accept ``- name`` and ``- name: {option: value}`` as well as ``{name, options}``."""
+        if not isinstance(value, list):
+            return value
+        specs = []
+        for item in value:
+            if isinstance(item, str):
+                specs.append({"name": item})
+            elif isinstance(item, dict) and len(item) == 1 and "name" not in item:
+                ((name, options),) = item.items()
+                specs.append({"name": name, "options": options or {}})
+            else:
+                specs.append(item)
+        return specs
+
+    def plugin_options(self, name: str) -> dict[str, Any]:
+        for spec in self.plugins:
+            if spec.name == name:
+                return spec.options
+        return {}
+
+
+def _section_fields(path: tuple[Any, ...]) -> list[str]:
+    """The field names allowed at a location, for did-you-mean on unknown keys."""
+    model: Any = Recipe
+    for part in path:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))
+
+
+def expected_from(message: str) -> str:
+    """A pydantic error message turned into the "expected ..." part of a ``RecipeError``."""
+    return re.sub(r"^(Input should be|Value error,) ", "", message)
+
+
+def _translate(error: ValidationError, file: str | None) -> RecipeError:
+    first = error.errors()[0]
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and "[" in p))
+    key = ".".join(str(p) for p in loc) or "(top level)"
+    found = first.get("input")
+    if first["type"] == "extra_forbidden":
+        allowed = _section_fields(loc[:-1])
+        hint = unknown_hint(str(loc[-1]), allowed)
+        return RecipeError(key, "one of " + ", ".join(allowed), file=file, hint=hint)
+    return RecipeError(key, expected_from(first["msg"]), found, file=file)
+
+
+def parse_value(text: str, item: str | None = None, file: str | None = None) -> Any:
+    """Parse one ``--set`` value with YAML rules (numbers, booleans, lists, null)."""
+    if not text.strip():
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = str(exc).splitlines()[0]
+        raise RecipeError(
+            "--set",
+            f"a YAML value after '=' ({problem}; quote text with special characters)",
+            item or text,
+            file=file,
+        ) from None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | None = None) -> None:
+    """Apply ``a.b=c`` overrides in place; list items are addressed by index (``plugins.0``)."""
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError("--set", "KEY=VALUE", item, file=file)
+        path, value = item.split("=", 1)
+        keys = path.strip().split(".")
+        node: Any = raw
+        for depth, key in enumerate(keys[:-1]):
+            if isinstance(node, list):
+                node = node[_index(key, node, ".".join(keys[: depth + 1]), file)]
+            else:
+                node = node.setdefault(key, {})
+            if not isinstance(node, (dict, list)):
+                where = ".".join(keys[: depth + 1])
+                raise RecipeError(where, "a section to set keys in", node, file=file)
+        last = keys[-1]
+        parsed = parse_value(value, item, file)
+        if isinstance(node, list):
+            node[_index(last, node, path, file)] = parsed
+        else:
+            node[last] = parsed
+
+
+def _index(key: str, node: list, path: str, file: str | None) -> int:
+    if not key.isdigit() or int(key) >= len(node):
+        raise RecipeError(path, f"a list index below {len(node)}", key, file=file)
+    return int(key)
+
+
+def load_raw(path: str | Path) -> dict[str, Any]:
+    """Read a recipe file into a mapping, with clear errors for empty or non-YAML files."""
+    path = Path(path)
+    file = str(path)
+    if not path.is_file():
+        raise RecipeError("(file)", "an existing recipe file", file)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise RecipeError("(file)", "a text (YAML) file", "binary data", file=file) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = str(exc).splitlines()[0]
+        raise RecipeError("(file)", f"valid YAML{where}", problem, file=file) from None
+    if raw is None:
+        raise RecipeError("(top level)", "a mapping of recipe sections", "an empty file", file=file)
+    if not isinstance(raw, dict):
+        raise RecipeError("(top level)", "a mapping of recipe sections", raw, file=file)
+    return raw
+
+
+def validate(raw: dict[str, Any], file: str | None = None) -> Recipe:
+    """Validate a raw mapping into a ``Recipe``; errors are ``RecipeError``s."""
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as exc:
+        raise _translate(exc, file) from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Load, override and validate a recipe file (schema only; see ``fedkit.core.preflight``)."""
+    raw = load_raw(path)
+    apply_overrides(raw, overrides or [], file=str(path))
+    return validate(raw, file=str(path))
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The resolved recipe as YAML (what the run directory keeps)."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

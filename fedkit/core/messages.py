@@ -1,0 +1,89 @@
+"""What crosses between the server and the clients, as plain picklable records.
+
+An executor hands a ``ClientSetup`` to every place clients run (once per run), then one
+``ClientJob`` per sampled client per round, and gets a ``ClientResult`` back. Nothing
+else crosses: the server is never sent, and clients never see each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from torch import Tensor, nn
+
+from fedkit.config.schema import Recipe
+
+
+@dataclass
+class ClientSetup:
+    """Sent once per run: the recipe, the template model, which keys stay private and
+    which model keys a client keeps between rounds (``kept``: the private ones and those
+    plugins declare in ``kept_keys``).
+
+    ``available`` is the plugin registry to build client-side plugins from (``None``:
+    the installed entry points); ``device`` is the resolved device name.
+    """
+
+    recipe: Recipe
+    template: nn.ModuleDict
+    private: frozenset[str]
+    device: str
+    available: dict[str, Any] | None = None
+    kept: frozenset[str] | None = None
+
+
+@dataclass
+class ClientJob:
+    """One client's round: who, when, its seed, and what the server sends.
+
+    ``offers`` are the cluster states the client may fetch this round (read-only
+    views; the ledger books a fetch by the cluster index the result reports); ``extra``
+    are the tensors of the ``downlink`` hook; ``fault`` an injected fault (testing) and
+    ``attempt`` how often the job was tried before (a retry after a worker died).
+    """
+
+    round: int
+    client: int
+    seed: int
+    offers: Sequence[Mapping[str, Tensor]]
+    extra: dict[str, Tensor] = field(default_factory=dict)
+    fault: str | None = None
+    attempt: int = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["offers"] = [dict(o) for o in self.offers]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["offers"] = tuple(MappingProxyType(o) for o in state["offers"])
+        self.__dict__.update(state)
+
+
+@dataclass
+class ClientResult:
+    """What one client sends back: its upload, weight (sample count), chosen cluster,
+    the clusters it fetched (for the ledger) and its metrics (JSON values). A client that
+    failed sends ``failure`` (its kind: exception, non-finite, timeout, dropout, crash)
+    and ``error`` instead of an upload."""
+
+    client: int
+    cluster: int
+    weight: float
+    upload: dict[str, Tensor]
+    fetched: list[int]
+    metrics: dict[str, Any]
+    failure: str | None = None
+    error: str = ""
+
+    @classmethod
+    def failed(cls, client: int, kind: str, error: str, fetched: list[int] = ()) -> ClientResult:
+        return cls(client, -1, 0.0, {}, list(fetched), {}, kind, error)
+
+
+def read_only(states: Sequence[dict[str, Tensor]]) -> tuple[Mapping[str, Tensor], ...]:
+    """Read-only views of the pool's cluster states, for ``ClientJob.offers``."""
+    return tuple(MappingProxyType(s) for s in states)

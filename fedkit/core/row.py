@@ -1,0 +1,49 @@
+"""Turning what clients report into a round's metrics row.
+
+Every numeric value a client reports (its training loss, extra loss terms, whatever
+``ctx.log`` or ``after_local_train`` returned) becomes ``train_<name>``: the mean over
+the round's clients weighted by their sample counts (booleans become the fraction that
+was true). Every value, numeric or not, is also kept per client under ``per_client``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor
+
+from fedkit.core.messages import ClientResult
+
+
+def plain(value: Any) -> Any:
+    """A JSON-ready value: 0-d tensors become Python numbers."""
+    if isinstance(value, Tensor) and value.numel() == 1:
+        return value.item()
+    return value
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (bool, int, float))
+
+
+def summarise(results: Sequence[ClientResult]) -> dict[str, Any]:
+    """``train_<name>`` sample-weighted means and the ``per_client`` values."""
+    per_client = {str(r.client): {k: plain(v) for k, v in r.metrics.items()} for r in results}
+    names: dict[str, None] = {}
+    for values in per_client.values():
+        names.update({k: None for k, v in values.items() if is_number(v)})
+    row: dict[str, Any] = {}
+    for name in names:
+        pairs = [
+            (float(per_client[str(r.client)][name]), r.weight)
+            for r in results
+            if is_number(per_client[str(r.client)].get(name))
+        ]
+        total = sum(w for _, w in pairs)
+        if total > 0:
+            row[f"train_{name}"] = sum(v * w for v, w in pairs) / total
+        else:
+            row[f"train_{name}"] = sum(v for v, _ in pairs) / len(pairs)
+    row["per_client"] = per_client
+    return row

@@ -1,0 +1,218 @@
+"""The client side of a run: what happens to one sampled client in one round.
+
+A ``Worker`` is built from a ``ClientSetup`` wherever clients run (in the server's
+process for the sequential executor, in a Ray actor, on a device elsewhere). It holds the
+client-side plugin instances and one working model, and turns a ``ClientJob`` plus the
+client's data and memory into a ``ClientResult``:
+
+select_cluster → update_client → local_train | local_objective + fit →
+after_local_train → upload_selection → process_upload.
+
+``run_safely`` turns a client's failure (an exception in its hooks, a non-finite value
+in its upload, an injected fault) into a failed result: failures are data, the round
+goes on without that client. Bad input (a ``FedkitError``) still stops the run.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from fedkit.core.faults import InjectedCrash, InjectedFault
+from fedkit.core.messages import ClientJob, ClientResult, ClientSetup
+from fedkit.errors import FedkitError, PluginError, RecipeError
+from fedkit.plugin.context import ClientContext, ClientData, ClientMemory, ModelKeys
+from fedkit.plugin.hookspecs import CLIENT
+from fedkit.plugin.keys import parameter_keys
+from fedkit.plugin.manager import Plugins
+from fedkit.seeding import seed_everything
+from fedkit.training import precision
+from fedkit.training.loop import NonFiniteLoss
+
+
+def _detached(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def plain_loading(model: nn.Module) -> bool:
+    """Whether ``load_state_dict`` on ``model`` amounts to copying each tensor into place:
+    no module overrides ``_load_from_state_dict`` (BatchNorm's override only fills in a
+    missing counter) or registers a load hook."""
+    for module in model.modules():
+        own = type(module)._load_from_state_dict
+        if own is not nn.Module._load_from_state_dict and not isinstance(module, _BatchNorm):
+            return False
+        if module._load_state_dict_pre_hooks or module._load_state_dict_post_hooks:
+            return False
+    return True
+
+
+def non_finite(tensors: dict[str, Tensor]) -> str | None:
+    """The first key whose floating tensor holds a NaN or an infinity, if any.
+
+    A NaN or infinity makes its tensor's sum non-finite, so one check over the stacked
+    sums clears the usual all-finite case (per-tensor checks cost more than training a
+    small client); only a non-finite sum (or an overflowing one) searches key by key."""
+    sums = [v.sum().float().cpu() for v in tensors.values() if v.is_floating_point()]
+    if not sums or bool(torch.stack(sums).isfinite().all()):
+        return None
+    for key, value in tensors.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return key
+    return None
+
+
+class Worker:
+    """Runs client jobs with client-side plugins built from the recipe."""
+
+    def __init__(self, setup: ClientSetup) -> None:
+        self.setup = setup
+        self.plugins = Plugins(setup.recipe, setup.available, side=CLIENT)
+        self.device = torch.device(setup.device)
+        self.template_state = _detached(setup.template.state_dict())
+        self.model = copy.deepcopy(setup.template).to(self.device)
+        self.keys = ModelKeys(
+            frozenset(self.template_state),
+            frozenset(parameter_keys(setup.template)),
+            frozenset(setup.private),
+        )
+        self.kept = setup.kept if setup.kept is not None else self.keys.model
+        self._wants_before = self.plugins.wants("after_local_train", "before")
+        self._plain_loading = plain_loading(self.model)
+
+    def load(self, state: dict[str, Tensor]) -> None:
+        """Load a complete state into the working model: one ``copy_`` per tensor when
+        every module loads the default way (``load_state_dict``'s per-module machinery
+        costs more than a small client's training), else ``load_state_dict``."""
+        # the tensors themselves, looked up each time: a layout or device change may
+        # have replaced a buffer since the last load
+        slots = self.model.state_dict(keep_vars=True) if self._plain_loading else None
+        if slots is None or state.keys() != slots.keys():
+            self.model.load_state_dict(state)
+            return
+        pairs = [(slots[k], v) for k, v in state.items()]
+        if any(dst.shape != src.shape for dst, src in pairs):
+            self.model.load_state_dict(state)  # raises, naming the key
+            return
+        with torch.no_grad():
+            for dst, src in pairs:
+                dst.copy_(src)
+
+    def context(self, job: ClientJob, data: ClientData, memory: ClientMemory) -> ClientContext:
+        """The client context of a job (seeds the global RNGs for the client's round)."""
+        return ClientContext(
+            data,
+            memory,
+            recipe=self.setup.recipe,
+            round=job.round,
+            device=self.device,
+            rng=seed_everything(job.seed),
+            keys=self.keys,
+            offers=job.offers,
+            received=job.extra,
+            plugins=self.plugins,
+        )
+
+    def run(
+        self, job: ClientJob, data: ClientData, memory: ClientMemory | None
+    ) -> tuple[ClientResult, ClientMemory]:
+        """One client's round; returns its result and its memory for the next round."""
+        memory = copy.copy(memory) if memory is not None else ClientMemory()
+        memory.state, memory.tensors = copy.deepcopy(memory.state), dict(memory.tensors)
+        ctx = self.context(job, data, memory)
+        self.act_out(job)
+        plugins, model = self.plugins, self.model
+        cluster = plugins.call("select_cluster", ctx=ctx, model=model)
+        ctx.cluster = 0 if cluster is None else int(cluster)
+        ctx.received.update(ctx.fetch(ctx.cluster))
+        local = {**self.template_state, **(memory.model or {})}
+        claimed = plugins.claims(
+            "update_client", reference=local, ctx=ctx, received=ctx.received, local=local
+        )
+        merged = {**local, **ctx.received, **claimed}
+        self.load({k: merged[k] for k in local})
+        before = _detached(model.state_dict()) if self._wants_before else {}
+        stats = self.train(ctx)
+        for extra in plugins.call("after_local_train", ctx=ctx, model=model, before=before):
+            stats.update(extra or {})
+        after = _detached(model.state_dict())
+        chosen = plugins.claims("upload_selection", ctx=ctx, local=after, model=model)
+        upload = {k: v for k, v in after.items() if k not in self.keys.private}
+        upload.update(chosen)
+        upload = {k: v.detach().cpu() for k, v in upload.items() if v is not None}
+        upload = plugins.chain("process_upload", "upload", ctx=ctx, upload=upload)
+        if job.fault == "nan":
+            upload = poisoned(upload)
+        memory.model = {k: after[k].cpu() for k in self.kept}
+        memory.state, memory.tensors = ctx.state, ctx.tensors
+        memory.participations += 1
+        memory.cluster = ctx.cluster
+        metrics: dict[str, Any] = {**ctx.logged, **stats}
+        result = ClientResult(
+            data.id, ctx.cluster, float(len(data.train)), upload, ctx.fetched, metrics
+        )
+        return result, memory
+
+    def act_out(self, job: ClientJob) -> None:
+        """Injected faults that act before the client's work (testing)."""
+        if job.fault == "exception":
+            raise InjectedFault(f"injected exception in client {job.client}, round {job.round}")
+        if job.fault == "crash" and job.attempt == 0:
+            raise InjectedCrash(f"injected crash of client {job.client}'s worker")
+        if job.fault == "straggler":
+            time.sleep(self.setup.recipe.faults.delay)
+
+    def run_safely(
+        self, job: ClientJob, data: ClientData, memory: ClientMemory | None
+    ) -> tuple[ClientResult, ClientMemory | None]:
+        """``run``, with a client's failure returned as a failed result (memory ``None``:
+        the client's round did not happen). A ``FedkitError`` (bad input) and an
+        ``InjectedCrash`` (the worker is meant to die) propagate."""
+        if job.fault == "dropout":
+            return ClientResult.failed(job.client, "dropout", "the client never answered"), None
+        try:
+            with precision.compute(self.setup.recipe, self.device):
+                result, memory = self.run(job, data, memory)
+        except (FedkitError, InjectedCrash):
+            raise
+        except Exception as exc:  # noqa: BLE001 - any client failure is data
+            error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
+            loss = NonFiniteLoss in (type(exc), type(exc.__cause__))
+            kind = "non-finite" if loss else "exception"
+            return ClientResult.failed(job.client, kind, error), None
+        bad = non_finite(result.upload)
+        if bad is not None:
+            error = f"upload key {bad!r} holds a non-finite value"
+            return ClientResult.failed(job.client, "non-finite", error, result.fetched), None
+        return result, memory
+
+    def train(self, ctx: ClientContext) -> dict[str, Any]:
+        """The plugin's own loop (``local_train``), else the core fit loop on its objective."""
+        stats = self.plugins.call("local_train", ctx=ctx, model=self.model)
+        if stats is None:
+            objective = self.plugins.call("local_objective", ctx=ctx, model=self.model)
+            if objective is None:
+                raise RecipeError(
+                    "plugins",
+                    "a plugin that trains clients (implements local_objective or local_train)",
+                    self.plugins.names,
+                )
+            stats = ctx.fit(self.model, objective)
+        return dict(stats)
+
+
+def poisoned(upload: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The upload with its first floating tensor's first value set to NaN (testing)."""
+    out = dict(upload)
+    for key, value in out.items():
+        if value.is_floating_point() and value.numel():
+            out[key] = value.clone()
+            out[key].view(-1)[0] = math.nan
+            break
+    return out

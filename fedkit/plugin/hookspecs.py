@@ -1,0 +1,412 @@
+"""The hooks a fedkit plugin can implement (contract v2), in the order a round calls them.
+
+Each docstring here is the reference documentation: ``docs/hooks.md`` is generated from
+it (``python -m fedkit.cli.reference``) and a test checks the two agree.
+
+**Two sides.** Every hook runs either on the server or on a client, as it would in a real
+federation. Server-side hooks receive the ``Server`` (pool, ledger, recipe, data for
+evaluation). Client-side hooks receive a ``ClientContext`` that holds only what a real
+client has: its id, its private data, what it keeps between rounds (``state``,
+``tensors``), what the server sent it this round (``received``), the recipe, the round,
+its device and RNG, and ``fetch(cluster)`` to download another cluster model (counted by
+the ledger). Each side builds its own plugin instances from the recipe, so nothing a
+plugin stores on ``self`` on one side is visible on the other; whatever crosses goes
+through the core, which books it in the ledger.
+
+**Four kinds of hook.**
+
+* **all**: every implementation is called (``configure``, ``round_end``, ...).
+* **firstresult**: the first implementation that returns something other than ``None``
+  answers; the plugin listed first in the recipe is asked first.
+* **claims** (key-level): every plugin returns ``{key: value}`` for the keys it takes
+  charge of; keys nobody claims get the core default. Two plugins claiming one key is an
+  error naming both.
+* **chain**: each plugin, in recipe order, receives the previous plugin's result and may
+  return a replacement (``None`` keeps it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pluggy
+
+from fedkit.plugin.markers import PROJECT
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+    from torch.optim import Optimizer
+
+    from fedkit.config.schema import Recipe
+    from fedkit.core.server import ClientInfo, Server, Upload
+    from fedkit.plugin.context import ClientContext
+    from fedkit.training.loop import Objective
+
+SERVER, CLIENT = "server", "client"
+KINDS = ("all", "firstresult", "claims", "chain")
+
+_hookspec = pluggy.HookspecMarker(PROJECT)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def spec(side: str, kind: str = "all") -> Callable[[F], F]:
+    """Declare a hook: the side it runs on and how its implementations combine."""
+    assert side in (SERVER, CLIENT) and kind in KINDS
+
+    def mark(fn: F) -> F:
+        fn.side, fn.kind = side, kind  # type: ignore[attr-defined]
+        return _hookspec(firstresult=kind == "firstresult")(fn)
+
+    return mark
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+@spec(SERVER)
+def configure(recipe: Recipe, server: Server) -> None:
+    """Check the recipe as a whole before anything is trained.
+
+    Called once per run on the server, after every active plugin was constructed with
+    its options and before ``init_models``; on resume, ``server.state`` and
+    ``server.tensors`` already hold the checkpoint's values. Raise
+    ``fedkit.errors.RecipeError`` for a setting this plugin cannot work with.
+
+    :param recipe: the validated recipe.
+    :param server: the server; its pool is still empty.
+    :returns: nothing.
+    """
+
+
+@spec(SERVER, "firstresult")
+def init_models(server: Server) -> list[nn.ModuleDict] | None:
+    """Build the server's initial pool of models: one per cluster.
+
+    Called once per run on the server, after ``configure``, with the global RNGs seeded
+    from the run seed. The first model is also the *template*: every client's working
+    model is built from it, so it holds every part (private ones too) and its values are
+    what a client starts from on its first participation. Work done once (server-side
+    pre-training, loading a warm-start encoder) goes through ``server.once(name,
+    compute)``: the core keeps the result in checkpoints and hands it back on resume.
+
+    :param server: the server, with ``recipe``, ``data`` and ``device`` set.
+    :returns: a list of ``torch.nn.ModuleDict`` (one per cluster), or ``None`` to pass.
+    """
+
+
+@spec(SERVER)
+def private_keys(recipe: Recipe, model: nn.ModuleDict) -> Iterable[str] | None:
+    """Name the model keys that never leave a client (a target network, BN layers).
+
+    Called once per run on the server with the template; the answers of all plugins are
+    joined and sent to every client with the template. A private key is not in the pool,
+    not sent down, not uploaded and not counted; each client keeps its own value across
+    rounds, and personalised evaluation uses it. ``fedkit.plugin.keys`` has helpers:
+    ``under(model, parts)`` for whole parts, ``norm_keys(model)`` for normalisation
+    layers.
+
+    :param recipe: the validated recipe.
+    :param model: the template model.
+    :returns: state-dict keys of ``model``, or ``None``.
+    """
+
+
+@spec(SERVER)
+def kept_keys(recipe: Recipe, model: nn.ModuleDict) -> Iterable[str] | None:
+    """Name the shared keys a client must keep between rounds for this plugin.
+
+    Called once per run on the server with the template. A client's store keeps only its
+    private keys and the keys named here (plus its ``ctx.tensors`` and ``ctx.state``), so
+    memory and checkpoints grow with what clients really keep, not with whole models. A
+    plugin whose ``update_client`` takes a shared key's *local* value (a local predictor
+    decided per round, a moving average of local and global) names that key here. A
+    plugin that implements ``update_client`` without this hook keeps every model key, to
+    be safe; one that only reads ``received`` returns ``[]``.
+
+    :param recipe: the validated recipe.
+    :param model: the template model.
+    :returns: state-dict keys of ``model``, or ``None``.
+    """
+
+
+@spec(SERVER)
+def auxiliary_keys(recipe: Recipe) -> Iterable[str] | None:
+    """Declare which non-model keys this plugin sends are auxiliary, not data-derived.
+
+    The ledger books every transfer in three categories: model parameters (keys of the
+    template), auxiliary tensors (control variates, optimiser state: not computed from
+    data features) and data-derived tensors (features, statistics, public data). A
+    non-model key is data-derived unless a plugin declares it auxiliary here.
+
+    :param recipe: the validated recipe.
+    :returns: ``fnmatch`` patterns of keys (``"myplugin.*"``), or ``None``.
+    """
+
+
+# --------------------------------------------------------------------------- server, round start
+
+
+@spec(SERVER, "firstresult")
+def sample_clients(server: Server, round: int) -> list[int] | None:
+    """Choose the clients taking part in a round.
+
+    Called once per round on the server. The default draws
+    ``federation.clients_per_round`` clients uniformly without replacement from a
+    generator seeded by (seed, round). Availability models, power-of-choice or dropout
+    schedules answer here; draw from ``numpy.random.default_rng(fedkit.seeding.derive(
+    server.recipe.seed, "my-plugin", round))`` so that resumed runs match.
+
+    :param server: the server (``roster`` holds what it knows of each client).
+    :param round: the round about to run (1-based).
+    :returns: distinct client ids, or ``None`` to pass.
+    """
+
+
+@spec(SERVER, "claims")
+def downlink(server: Server, client: ClientInfo) -> dict[str, Tensor] | None:
+    """Send a sampled client tensors besides its cluster's state (claims).
+
+    Called on the server per sampled client per round, before the client runs. What is
+    returned reaches the client in ``ctx.received`` and is booked in the ledger (public
+    data, a per-client message). Values that every client of a cluster needs belong in
+    the cluster state instead (claim them in ``aggregate``).
+
+    :param server: the server.
+    :param client: what the server knows of the client (id, samples, participations).
+    :returns: ``{key: tensor}``, or ``None``.
+    """
+
+
+# --------------------------------------------------------------------------- client
+
+
+@spec(CLIENT, "firstresult")
+def select_cluster(ctx: ClientContext, model: nn.ModuleDict) -> int | None:
+    """Choose which cluster model the client works on this round.
+
+    Called on the client first in its round. ``ctx.fetch(c)`` downloads cluster ``c``'s
+    state (booked once per cluster per round); ``model`` is the client's working model,
+    free to load fetched states into for scoring (it is reloaded afterwards). Default
+    (no plugin answers): cluster 0.
+
+    :param ctx: the client context; ``ctx.received`` holds only ``downlink`` tensors yet.
+    :param model: the working model (template architecture, on ``ctx.device``).
+    :returns: a cluster index, or ``None`` to pass.
+    """
+
+
+@spec(CLIENT, "claims")
+def update_client(
+    ctx: ClientContext, received: dict[str, Tensor], local: dict[str, Tensor]
+) -> dict[str, Tensor] | None:
+    """Merge the state the client received with the state it kept (claims).
+
+    Called on the client after ``select_cluster``. ``received`` is the chosen cluster's
+    state plus any ``downlink`` tensors; ``local`` is the client's model state: the
+    values it kept from its last round for its private keys and for the keys plugins
+    declare in ``kept_keys``, the template's values for every other key (and for all of
+    them on a first participation, ``ctx.participations == 0``). Unclaimed keys: received
+    model keys replace local ones.
+
+    :param ctx: the client context.
+    :param received: what the server sent (do not modify in place).
+    :param local: the client's kept model state.
+    :returns: ``{key: tensor}`` for the keys this plugin sets, or ``None``.
+    """
+
+
+@spec(CLIENT, "firstresult")
+def local_objective(ctx: ClientContext, model: nn.ModuleDict) -> Objective | None:
+    """Describe what local training minimises; the core runs the loop.
+
+    Called on the client after ``update_client`` loaded the merged state into ``model``.
+    Return a ``fedkit.training.loop.Objective`` (a loss on a batch, the batches, what the optimiser
+    updates); the core's fit loop runs ``federation.local_epochs`` epochs with the
+    recipe's optimiser and lets other plugins add ``loss_terms`` and act in
+    ``before_step``. ``fedkit.training.supervised_objective`` and
+    ``fedkit.ssl.local.two_view_objective`` build the common ones.
+
+    :param ctx: the client context.
+    :param model: the working model, merged state loaded, on ``ctx.device``.
+    :returns: an ``Objective``, or ``None`` to pass.
+    """
+
+
+@spec(CLIENT, "firstresult")
+def local_train(ctx: ClientContext, model: nn.ModuleDict) -> dict[str, Any] | None:
+    """Train the working model with a loop of the plugin's own (instead of an objective).
+
+    Called on the client before ``local_objective``; a plugin answering here owns the
+    whole loop. ``ctx.fit(model, objective)`` still runs the core loop (with every
+    plugin's ``loss_terms`` and ``before_step``) for parts of it. Global RNGs are seeded
+    per (round, client) and ``ctx.rng`` is a seeded ``torch.Generator``.
+
+    :param ctx: the client context.
+    :param model: the working model, merged state loaded, on ``ctx.device``.
+    :returns: numeric metrics (``{"loss": ...}``), or ``None`` to pass.
+    """
+
+
+@spec(CLIENT, "claims")
+def loss_terms(ctx: ClientContext, model: nn.ModuleDict, batch: Any) -> dict[str, Tensor] | None:
+    """Add terms to the local loss, at every step of the core fit loop (claims).
+
+    Called on the client per batch, after the objective's loss. Every returned term is
+    added to the loss before ``backward`` and logged as ``loss_<name>`` (averaged over
+    the epoch, like ``loss``); names are claimed, so two plugins cannot add the same one.
+    A proximal term towards the global model lives here.
+
+    :param ctx: the client context (``ctx.received`` holds the global model).
+    :param model: the model being trained.
+    :param batch: the objective's batch (a tuple; ``batch[0]`` holds the inputs).
+    :returns: ``{name: scalar tensor}``, or ``None``.
+    """
+
+
+@spec(CLIENT)
+def before_step(ctx: ClientContext, model: nn.ModuleDict, optimizer: Optimizer) -> None:
+    """Act on gradients after ``backward`` and before the optimiser step.
+
+    Called on the client at every step of the core fit loop, in recipe order. Gradient
+    corrections (control variates), clipping and noise go here; modify ``p.grad`` in place.
+
+    :param ctx: the client context.
+    :param model: the model being trained.
+    :param optimizer: the optimiser about to step.
+    :returns: nothing.
+    """
+
+
+@spec(CLIENT)
+def after_local_train(
+    ctx: ClientContext, model: nn.ModuleDict, before: dict[str, Tensor]
+) -> dict[str, Any] | None:
+    """Look at what local training changed, once it finished.
+
+    Called on the client after the training loop. ``before`` is the state training
+    started from; ``model`` holds the state after (``model.state_dict()``). Store what
+    the next round needs in ``ctx.state``/``ctx.tensors``. Returned numbers reach the
+    metrics like the training loss (divergences, norms).
+
+    :param ctx: the client context (``ctx.steps``: optimiser steps just taken).
+    :param model: the trained model.
+    :param before: the model state before training (detached copies).
+    :returns: numeric metrics, or ``None``.
+    """
+
+
+@spec(CLIENT, "claims")
+def upload_selection(
+    ctx: ClientContext, local: dict[str, Tensor], model: nn.ModuleDict
+) -> dict[str, Tensor | None] | None:
+    """Choose what the client sends to the server after training (claims).
+
+    Called on the client after ``after_local_train``. Return a tensor to send it under
+    that key, ``None`` to withhold it. A non-model key is booked as data-derived unless a
+    plugin declared it in ``auxiliary_keys``; a plugin sending data-derived keys should
+    set ``uploads_data_derived = True`` so that ``fedkit plugins`` and ``fedkit run``
+    warn. Unclaimed keys: the model's shared keys are sent as they are.
+
+    :param ctx: the client context.
+    :param local: the client's model state after training (detached copies).
+    :param model: the trained working model (for computing features).
+    :returns: ``{key: tensor or None}``, or ``None``.
+    """
+
+
+@spec(CLIENT, "chain")
+def process_upload(ctx: ClientContext, upload: dict[str, Tensor]) -> dict[str, Tensor] | None:
+    """Transform the whole upload just before it leaves the client (chain).
+
+    Called on the client after ``upload_selection``, in recipe order, each plugin seeing
+    the previous one's result. Clipping for differential privacy, compression and
+    quantisation go here; the ledger counts what this returns.
+
+    :param ctx: the client context (``ctx.received`` holds what was sent down).
+    :param upload: the tensors about to be sent.
+    :returns: the upload to send instead, or ``None`` to keep it.
+    """
+
+
+# --------------------------------------------------------------------------- server, round end
+
+
+@spec(SERVER, "claims")
+def aggregate(server: Server, cluster: int, uploads: list[Upload]) -> dict[str, Any] | None:
+    """Combine the uploads of the clients that worked on one cluster (claims).
+
+    Called on the server per cluster per round, for clusters at least one client chose.
+    Each ``Upload`` has ``client``, ``weight`` (its sample count) and ``tensors``. Return
+    the keys this plugin sets with their new server values; a claimed non-model key stays
+    in the cluster state and is sent down with it next round; a key claimed with
+    ``None`` is dropped from the cluster state. Unclaimed keys: the mean weighted by
+    ``weight`` (integer buffers: weighted mean rounded down).
+
+    :param server: the server.
+    :param cluster: the cluster index.
+    :param uploads: what each client of the cluster sent, in client-id order.
+    :returns: ``{key: tensor or None}``, or ``None``.
+    """
+
+
+@spec(SERVER, "claims")
+def server_update(
+    server: Server, cluster: int, previous: dict[str, Tensor], aggregated: dict[str, Tensor]
+) -> dict[str, Tensor] | None:
+    """Turn the aggregate into the cluster's next state (claims; server optimisers).
+
+    Called on the server per aggregated cluster, after ``aggregate``. ``previous`` is the
+    cluster state the round started from, ``aggregated`` the result of aggregation.
+    Unclaimed keys take the aggregated value. Server momentum or Adam treat
+    ``previous − aggregated`` as a pseudo-gradient here; keep optimiser state in
+    ``server.tensors``.
+
+    :param server: the server.
+    :param cluster: the cluster index.
+    :param previous: the cluster state before this round.
+    :param aggregated: the state ``aggregate`` produced.
+    :returns: ``{key: tensor}``, or ``None``.
+    """
+
+
+@spec(SERVER)
+def round_end(server: Server, metrics: dict[str, Any]) -> None:
+    """Run server-side logic after aggregation (logging, schedules, restarts).
+
+    Called once per round on the server, after every cluster was updated and before
+    evaluation. Add entries to ``metrics`` to have them written to ``metrics.jsonl``
+    (JSON values; deterministic, so that resumed runs match).
+
+    :param server: the server, pool updated.
+    :param metrics: this round's metrics row so far (mutable).
+    :returns: nothing.
+    """
+
+
+@spec(SERVER)
+def evaluate(server: Server, round: int) -> dict[str, Any] | None:
+    """Add evaluation metrics for this round.
+
+    Called on the server every ``evaluation.every`` rounds and after the last one, after
+    the core's protocol (global and per-client) ran. Results of all plugins are merged
+    into the round's metrics row.
+
+    :param server: the server.
+    :param round: the round just finished (1-based).
+    :returns: a mapping of metric names to JSON values, or ``None``.
+    """
+
+
+@spec(SERVER)
+def round_logged(server: Server, metrics: dict[str, Any]) -> None:
+    """Observe a round's complete metrics row (logging to TensorBoard, a database, ...).
+
+    Called once per round on the server, after evaluation, with the row as it is written
+    to the run's logs (per-client values included). For observers: do not change
+    ``metrics`` or the run here; logic belongs in ``round_end``.
+
+    :param server: the server.
+    :param metrics: the round's complete metrics row (read-only by convention).
+    :returns: nothing.
+    """

@@ -1,0 +1,1 @@
+"""What a run leaves on disk: atomic files, logs, checkpoints, client memories, the lock."""

@@ -1,0 +1,72 @@
+"""Atomic file writes: write a temporary file beside the target, fsync, then rename.
+
+Every writer returns the SHA-256 of what it wrote, so a checkpoint can record the hash of
+each file it relies on. Temporary files are named ``.<target>.<random>.tmp``;
+``remove_temporary`` deletes the ones a killed process left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedkit.rundir.integrity import sha256_bytes
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+TEMPORARY = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")
+
+
+def write_bytes(path: str | Path, data: bytes) -> str:
+    """Replace ``path`` with ``data`` so that readers see the old or the new file, never
+    half; returns the SHA-256 of ``data``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return sha256_bytes(data)
+
+
+def write_text(path: str | Path, text: str) -> str:
+    return write_bytes(path, text.encode())
+
+
+def write_json(path: str | Path, value: Any) -> str:
+    return write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> str:
+    return write_text(path, "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+
+
+def write_safetensors(
+    path: str | Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None
+) -> str:
+    """Save tensors (copied contiguous, on the CPU) as a safetensors file, atomically."""
+    from safetensors.torch import save as save_tensors
+
+    flat = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
+    return write_bytes(path, save_tensors(flat, metadata=metadata))
+
+
+def remove_temporary(folder: Path) -> list[Path]:
+    """Delete the temporary files interrupted atomic writes left in ``folder`` (not below)."""
+    removed = []
+    for path in Path(folder).glob(".*.tmp"):
+        if path.is_file() and TEMPORARY.match(path.name):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed

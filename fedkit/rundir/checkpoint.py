@@ -1,0 +1,243 @@
+"""Checkpoints: verified, written in O(what changed), the last few kept.
+
+Each checkpoint is a folder ``checkpoints/round-NNNN`` with the pool, the server's tensors
+and ``state.json``, then ``state.sha256`` (the hash of ``state.json``), written last: a
+folder is complete once that file is there, and it marks the folder as fedkit's. Client
+memories are files of their own under ``clients/``, named by client and by the round that
+produced them (``<client>.rNNNNNN.safetensors``): a checkpoint writes only those of
+clients that trained since the last one. ``state.json`` records the SHA-256 of every file
+the checkpoint relies on — its tensors, each client's file, each log's prefix — with the
+resolved recipe and the format version. ``checkpoints/latest.json`` then points at the
+folder. The newest ``keep`` complete checkpoints are kept; older folders, and client files
+no kept checkpoint names, are removed (only files fedkit wrote: marked folders, files
+named as fedkit names them).
+
+``read`` verifies before trusting: it takes the newest checkpoint whose every hash
+matches, says what was damaged in the newer ones, and stops with a clear error when none
+is intact. Round 0 is written right after initialisation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from safetensors.torch import load_file
+from torch import Tensor
+
+from fedkit.errors import FedkitError
+from fedkit.rundir.atomic import write_bytes, write_json, write_safetensors
+from fedkit.rundir.integrity import check_file, sha256_bytes
+from fedkit.rundir.store import SUFFIX, read_memory
+from fedkit.seeding import rng_states, set_rng_states
+
+if TYPE_CHECKING:
+    from fedkit.core.engine import Run
+
+FORMAT = 4
+POINTER = Path("checkpoints") / "latest.json"
+CLIENTS = "clients"
+STATE, SEAL = "state.json", "state.sha256"
+FOLDER = re.compile(r"^round-(\d{4,})$")
+CLIENT_FILE = re.compile(r"^\d+\.r\d{6}" + re.escape(SUFFIX) + "$")
+
+
+class CheckpointError(FedkitError):
+    """No intact checkpoint to resume from."""
+
+
+def _flatten(groups: dict[str, dict[str, Tensor]]) -> dict[str, Tensor]:
+    return {f"{g}/{k}": v for g, tensors in groups.items() for k, v in tensors.items()}
+
+
+def _unflatten(flat: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
+    groups: dict[str, dict[str, Tensor]] = {}
+    for name, value in flat.items():
+        group, key = name.split("/", 1)
+        groups.setdefault(group, {})[key] = value
+    return groups
+
+
+def save(run: Run, root: Path, round: int, logs: dict[str, dict[str, Any]]) -> Path:
+    """Write the state after ``round`` (client memories that changed, pool, server) and
+    point ``latest.json`` at it; ``logs`` are the length and prefix hash of each log."""
+    folder = root / "checkpoints" / f"round-{round:04d}"
+    server = run.server
+    manifest = run.executor.store.persist(root / CLIENTS)
+    pool = _flatten({str(i): s for i, s in enumerate(server.pool)})
+    files = {
+        "pool.safetensors": write_safetensors(folder / "pool.safetensors", pool),
+        "server.safetensors": write_safetensors(folder / "server.safetensors", server.tensors),
+    }
+    sidecar = {
+        "format": FORMAT,
+        "round": round,
+        "recipe": run.recipe.model_dump(mode="json"),
+        "server_state": server.state,
+        "roster": {str(c.id): c.meta() for c in server.roster if c.participations},
+        "clients": {str(cid): entry for cid, entry in sorted(manifest.items())},
+        "files": files,
+        "ledger": server.ledger.flushed,
+        "logs": logs,
+        "rng": rng_states(),
+    }
+    digest = write_json(folder / STATE, sidecar)
+    write_bytes(folder / SEAL, (digest + "\n").encode())
+    write_json(root / POINTER, {"round": round, "folder": folder.name})
+    prune(root, run.recipe.engine.keep_checkpoints)
+    return folder
+
+
+def folders(root: Path) -> list[Path]:
+    """Checkpoint folders fedkit wrote (sealed), newest first."""
+    found = []
+    for path in (root / "checkpoints").glob("round-*"):
+        match = FOLDER.match(path.name)
+        if match and path.is_dir() and (path / SEAL).is_file():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def prune(root: Path, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints and the client files they name."""
+    kept, named = folders(root)[:keep], set()
+    for path in folders(root)[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+    for path in kept:
+        try:
+            sidecar = json.loads((path / STATE).read_text())
+            named.update(entry["file"] for entry in sidecar["clients"].values())
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # a damaged kept checkpoint: remove nothing it might name
+    for path in (root / CLIENTS).glob(f"*{SUFFIX}"):
+        if CLIENT_FILE.match(path.name) and path.name not in named:
+            path.unlink(missing_ok=True)
+
+
+def problems(root: Path, folder: Path) -> tuple[list[str], dict[str, Any] | None]:
+    """What is wrong with one checkpoint (nothing: it is intact), and its sidecar."""
+    seal = folder / SEAL
+    try:
+        recorded = seal.read_text().strip()
+        raw = (folder / STATE).read_bytes()
+    except OSError as exc:
+        return [f"{exc.filename}: {exc.strerror}"], None
+    if sha256_bytes(raw) != recorded:
+        return [f"{STATE} does not match its recorded hash"], None
+    try:
+        sidecar = json.loads(raw)
+    except ValueError:
+        return [f"{STATE} is not valid JSON"], None
+    if sidecar.get("format") != FORMAT:
+        return [f"format {sidecar.get('format')}, this fedkit reads format {FORMAT}"], sidecar
+    found = [p for name, h in sidecar["files"].items() if (p := check_file(folder / name, h))]
+    for cid, entry in sidecar["clients"].items():
+        problem = check_file(root / CLIENTS / entry["file"], entry["sha256"])
+        if problem is not None:
+            found.append(f"client {cid}'s memory: {problem}")
+    return found, sidecar
+
+
+@dataclass
+class Snapshot:
+    """A verified checkpoint: restored into a run in two steps (see ``engine.prepare``).
+    ``notes`` say which newer checkpoints were damaged and skipped."""
+
+    root: Path
+    folder: Path
+    round: int
+    pool: dict[str, dict[str, Tensor]]
+    server_tensors: dict[str, Tensor]
+    server_state: dict[str, Any]
+    sidecar: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def restore(self, run: Run) -> None:
+        """Pool, what the server knows of clients, client memories, ledger, RNG states."""
+        server = run.server
+        server.pool = [self.pool.get(str(i), {}) for i in range(len(server.pool))]
+        for cid, meta in self.sidecar["roster"].items():
+            info = server.roster[int(cid)]
+            info.participations, info.cluster = meta["participations"], meta["cluster"]
+            info.last_round = meta["last_round"]
+        manifest = {int(cid): entry for cid, entry in self.sidecar["clients"].items()}
+        run.executor.store.adopt(self.root / CLIENTS, manifest)
+        server.ledger.rows.clear()
+        server.ledger.flushed = dict(self.sidecar["ledger"])
+        set_rng_states(self.sidecar["rng"])
+        server.round = self.round
+
+
+def read(root: Path) -> Snapshot | None:
+    """The newest intact checkpoint of a run directory (``None`` when it has none yet);
+    damaged newer ones are skipped and named in ``notes``."""
+    notes: list[str] = []
+    candidates = folders(root)
+    for folder in candidates:
+        found, sidecar = problems(root, folder)
+        if found or sidecar is None:
+            notes.append(f"{folder.relative_to(root)} is damaged: " + "; ".join(found))
+            continue
+        if notes:
+            notes.append(f"resuming from {folder.relative_to(root)} instead")
+        return Snapshot(
+            root=root,
+            folder=folder,
+            round=sidecar["round"],
+            pool=_unflatten(load_file(folder / "pool.safetensors")),
+            server_tensors=load_file(folder / "server.safetensors"),
+            server_state=sidecar["server_state"],
+            sidecar=sidecar,
+            notes=notes,
+        )
+    if candidates:
+        raise CheckpointError(f"{root}: no intact checkpoint to resume from — " + " | ".join(notes))
+    return None
+
+
+def latest_folder(root: Path) -> Path | None:
+    """The newest complete checkpoint folder, ``None`` when there is none."""
+    found = folders(root)
+    return found[0] if found else None
+
+
+def latest_round(root: Path) -> int | None:
+    """The round of the newest complete checkpoint, ``None`` when there is none."""
+    folder = latest_folder(root)
+    return int(FOLDER.match(folder.name).group(1)) if folder is not None else None
+
+
+def _sidecar(root: Path) -> tuple[Path, dict[str, Any]]:
+    snapshot = read(root)
+    if snapshot is None:
+        raise FedkitError(f"{root}: no checkpoint yet")
+    return snapshot.folder, snapshot.sidecar
+
+
+def personal_state(root: Path, client: int) -> dict[str, Tensor]:
+    """A client's personal model state in a run's newest intact checkpoint: its cluster's
+    state with the keys the client kept (as personalised evaluation sees it)."""
+    folder, sidecar = _sidecar(root)
+    entry = sidecar["clients"].get(str(client))
+    if entry is None:
+        raise FedkitError(f"{root}: client {client} has not trained in this run yet")
+    cluster = sidecar["roster"].get(str(client), {}).get("cluster") or 0
+    pool = _unflatten(load_file(folder / "pool.safetensors")).get(str(cluster), {})
+    return {**pool, **(read_memory(root / CLIENTS / entry["file"]).model or {})}
+
+
+def saved_part(root: Path, part: str, group: str = "0", file: str = "pool") -> dict[str, Tensor]:
+    """One model part's state (keys without the ``part.`` prefix) from a run's newest
+    intact checkpoint: cluster ``group`` of the pool, or a kept result ``group``
+    (``server.once``) with ``file="server"``."""
+    folder, _ = _sidecar(root)
+    tensors = load_file(folder / f"{file}.safetensors")
+    prefix = f"{group}/{part}." if part else f"{group}/"
+    state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+    if not state:
+        raise FedkitError(f"{folder}: no {part or group} in {file} entry {group}")
+    return state
