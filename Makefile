@@ -31,8 +31,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 reference: $(STAMP)
-	$(BIN)/python -m fedkit.cli.reference docs/hooks.md
-	$(BIN)/python -m fedkit.cli.recipe_reference docs
+	$(BIN)/python -m fedkit.cli.reference docs
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

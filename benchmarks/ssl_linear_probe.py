@@ -23,7 +23,6 @@ import numpy as np
 
 from fedkit.config.schema import Recipe, validate
 from fedkit.core.engine import prepare, run_round
-from fedkit.evaluation.runner import representation_metrics
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "random-init encoder (lower bound)": {"plugins": [{"fedbyol": {}}], "train": False},
@@ -122,7 +121,7 @@ def run_config(args: argparse.Namespace, name: str, seed: int) -> dict[str, Any]
     began = time.perf_counter()
     run = prepare(recipe)
     if not CONFIGS[name].get("train", True):
-        acc = representation_metrics(run.server, "linear")["linear_accuracy"]
+        acc = run.evaluator.global_model(run.server)["linear_accuracy"]
         return {"config": name, "seed": seed, "linear_accuracy": acc, "seconds": 0.0}
     row: dict[str, Any] = {}
     decisions: dict[str, int] = {}
@@ -136,7 +135,7 @@ def run_config(args: argparse.Namespace, name: str, seed: int) -> dict[str, Any]
     result = {
         "config": name,
         "seed": seed,
-        "linear_accuracy": row["personal_linear_accuracy" if personal else "linear_accuracy"],
+        "linear_accuracy": row["personalized_linear_accuracy" if personal else "linear_accuracy"],
         "train_loss": row["train_loss"],
         "seconds": round(time.perf_counter() - began, 1),
         "bytes_up": row["bytes"]["up_model"],

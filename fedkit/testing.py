@@ -16,16 +16,16 @@ plugins={"myplugin": MyPlugin})``.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
-from fedkit.config.schema import apply_overrides, load_raw, validate
-from fedkit.core.engine import Run, prepare, run_round
-from fedkit.plugin.manager import Plugins, discover
+from fedkit.config.schema import validate
+from fedkit.core.preflight import check
+from fedkit.core.runs import Loaded, RunResult, run
+from fedkit.plugin.manager import Plugins
+from fedkit.plugin.registry import discover
 
 TINY: dict[str, Any] = {
     "seed": 0,
@@ -62,35 +62,11 @@ def tiny_recipe(**sections: Any) -> dict[str, Any]:
     return raw
 
 
-class Loaded:
-    """Stands in for an entry point whose target is already loaded (a class or object)."""
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def load(self) -> Any:
-        return self.obj
-
-
-@dataclass
-class RunResult:
-    """What a run produced: its metrics rows, its ledger rows and the run itself."""
-
-    rows: list[dict[str, Any]]
-    ledger: list[dict[str, int]]
-    run: Run
-
-    @property
-    def pool(self) -> list[dict[str, Tensor]]:
-        """The cluster states after the last round."""
-        return self.run.server.pool
-
-
 def activate(raw: dict[str, Any], plugins: dict[str, Any] | None = None) -> Plugins:
-    """A recipe's server-side plugins, with ``plugins`` (name → class or object) added to
-    the installed ones."""
+    """A recipe's server-side plugins (checked as ``fedkit run`` checks them), with
+    ``plugins`` (name → class or object) added to the installed ones."""
     extra = {name: Loaded(obj) for name, obj in (plugins or {}).items()}
-    return Plugins(validate(raw), {**discover(), **extra})
+    return check(validate(raw), {**discover(), **extra})
 
 
 def run_recipe(
@@ -100,17 +76,9 @@ def run_recipe(
     overrides: list[str] | None = None,
     rounds: int | None = None,
 ) -> RunResult:
-    """Run a recipe (a mapping or a YAML file) in-process, without a run directory."""
-    raw = copy.deepcopy(recipe) if isinstance(recipe, dict) else load_raw(recipe)
-    apply_overrides(raw, overrides or [])
-    active = activate(raw, plugins)
-    run = prepare(active.recipe, active)
-    try:
-        last = rounds if rounds is not None else run.recipe.federation.rounds
-        rows = [run_round(run, r) for r in range(1, last + 1)]
-    finally:
-        run.close()
-    return RunResult(rows, run.server.ledger.to_rows(), run)
+    """Run a recipe (a mapping, a YAML file or a shipped name) in-process, without a run
+    directory: ``fedkit.run`` with in-test plugins. ``rounds``: stop after that many."""
+    return run(recipe, plugins=plugins, overrides=overrides, rounds_to_run=rounds)
 
 
 def assert_same_runs(a: RunResult, b: RunResult, ignore: list[str] | tuple[str, ...] = ()) -> None:

@@ -12,17 +12,14 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from fedkit import PluginOptions
-from fedkit.core.server import Server
+from fedkit import ClientContext, Objective, PluginOptions, Server
 from fedkit.models import create_backbone
 from fedkit.models.backbones import feature_dim
 from fedkit.models.heads import mlp
-from fedkit.plugin.context import ClientContext
 from fedkit.plugin.keys import under
 from fedkit.ssl.ema import ema_update
 from fedkit.ssl.local import TwoViewLoss, two_view_objective
 from fedkit.ssl.losses import byol_symmetric
-from fedkit.training.loop import Objective
 
 ONLINE = ("encoder", "projector")
 TARGET = ("target_encoder", "target_projector")
@@ -90,14 +87,17 @@ def target_from_online(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def byol_loss_fn(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> Tensor:
-    """ℓ(p(f_θ(v1)), sg f_ξ(v2)) + ℓ(p(f_θ(v2)), sg f_ξ(v1)), ℓ = 2 − 2·cos."""
-    z1 = model["projector"](model["encoder"](v1))
+def byol_loss_fn(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> tuple[Tensor, dict]:
+    """ℓ(p(f_θ(v1)), sg f_ξ(v2)) + ℓ(p(f_θ(v2)), sg f_ξ(v1)), ℓ = 2 − 2·cos; with the
+    first view's ``features`` and ``projections``."""
+    h1 = model["encoder"](v1)
+    z1 = model["projector"](h1)
     z2 = model["projector"](model["encoder"](v2))
     with torch.no_grad():
         t1 = model["target_projector"](model["target_encoder"](v1))
         t2 = model["target_projector"](model["target_encoder"](v2))
-    return byol_symmetric(model["predictor"](z1), model["predictor"](z2), t1, t2)
+    loss = byol_symmetric(model["predictor"](z1), model["predictor"](z2), t1, t2)
+    return loss, {"features": h1, "projections": z1}
 
 
 def params_of(model: nn.ModuleDict, parts: tuple[str, ...]) -> list[nn.Parameter]:

@@ -15,16 +15,11 @@ from pydantic import Field
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from fedkit import PluginOptions
-from fedkit.core.server import Server
-from fedkit.errors import FedkitError, RecipeError
+from fedkit import ClientContext, FedkitError, Objective, PluginOptions, RecipeError, Server, derive
 from fedkit.models.backbones import create_backbone, feature_dim
 from fedkit.models.heads import classifier_head
-from fedkit.plugin.context import ClientContext
 from fedkit.rundir.checkpoint import saved_part
-from fedkit.seeding import derive
 from fedkit.training import normalize, supervised_loss, supervised_objective
-from fedkit.training.loop import Objective
 
 PRETRAINED = "pretrained_encoder"
 """The name under which a run keeps a server-side pre-trained encoder (``server.once``)."""
@@ -110,7 +105,7 @@ def build_pool(
     for _ in range(n):
         enc = copy.deepcopy(encoder) if encoder is not None else new_encoder(server)
         dim = feature_dim(enc)
-        head_module = classifier_head(dim, server.data.num_classes, head, head_hidden)
+        head_module = classifier_head(dim, server.num_classes, head, head_hidden)
         pool.append(nn.ModuleDict({"encoder": enc, "classifier": head_module}))
     return pool
 

@@ -22,15 +22,12 @@ and kept per client in ``per_client``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkit import PluginOptions, hookimpl
-from fedkit.config.schema import Recipe
-from fedkit.errors import RecipeError
-from fedkit.plugin.context import ClientContext
+from fedkit import ClientContext, PluginOptions, RecipeError, Server, hookimpl
 from fedkit.plugin.keys import under
 from fedkit.ssl.divergence import divergence
 
@@ -49,7 +46,7 @@ class DAPU:
         self.options = options
 
     @hookimpl
-    def kept_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+    def kept_keys(self, server: Server, model: nn.ModuleDict) -> list[str]:
         """A client keeps its own predictor (it may take it instead of the global one),
         and with ``reference: new_global`` its encoder (to measure against)."""
         parts = ["predictor", "encoder"] if self.options.reference == "new_global" else "predictor"
@@ -78,10 +75,8 @@ class DAPU:
         return {k: source[k] for k in keys}
 
     @hookimpl
-    def after_local_train(
-        self, ctx: ClientContext, model: nn.ModuleDict, before: dict[str, Tensor]
-    ) -> dict[str, Any]:
+    def after_local_train(self, ctx: ClientContext, model: nn.ModuleDict) -> None:
         """Measure this round's divergence from the global encoder the client received."""
         d = divergence(ctx.received, model.state_dict())
         ctx.state[STATE_KEY] = d
-        return {"dapu_divergence": d}
+        ctx.log(dapu_divergence=d)

@@ -21,18 +21,20 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedkit import PluginOptions, hookimpl
-from fedkit.config.schema import Recipe
-from fedkit.core.server import Server, Upload
-from fedkit.errors import RecipeError
-from fedkit.plugin.context import ClientContext
-from fedkit.seeding import derive
+from fedkit import (
+    ClientContext,
+    PluginOptions,
+    RecipeError,
+    Server,
+    Upload,
+    derive,
+    hookimpl,
+)
 
 
 def accountant_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float):
@@ -89,7 +91,7 @@ class DP:
     # ---------------------------------------------------------------- server side
 
     @hookimpl
-    def configure(self, recipe: Recipe, server: Server) -> None:
+    def configure(self, server: Server) -> None:
         try:
             import opacus  # noqa: F401
         except ImportError:
@@ -115,9 +117,8 @@ class DP:
         return out
 
     @hookimpl
-    def round_end(self, server: Server, metrics: dict[str, Any]) -> None:
+    def round_end(self, server: Server) -> None:
         fed = server.recipe.federation
         q = fed.clients_per_round / server.recipe.data.num_clients
         eps = accountant_epsilon(self.options.noise_multiplier, q, server.round, self.options.delta)
-        metrics["dp_epsilon"] = eps
-        metrics["dp_delta"] = self.options.delta
+        server.log(dp_epsilon=eps, dp_delta=self.options.delta)

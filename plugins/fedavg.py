@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedkit import PluginOptions, hookimpl
-from fedkit.core.server import Server
+from fedkit import ClientContext, Objective, PluginOptions, Server, hookimpl
 from fedkit.models import build_classifier
-from fedkit.plugin.context import ClientContext
 from fedkit.training import supervised_objective
-from fedkit.training.loop import Objective
 
 
 class FedAvg:
@@ -28,7 +25,7 @@ class FedAvg:
 
     @hookimpl
     def init_models(self, server: Server) -> list[nn.ModuleDict]:
-        return [build_classifier(server.recipe.backbone, server.data.num_classes)]
+        return [build_classifier(server.recipe.backbone, server.num_classes)]
 
     @hookimpl
     def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:

@@ -14,8 +14,7 @@ from typing import Literal
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedkit import PluginOptions, hookimpl
-from fedkit.config.schema import Recipe
+from fedkit import PluginOptions, Server, hookimpl
 from fedkit.plugin.keys import NORM_LAYERS, norm_keys
 
 
@@ -29,6 +28,6 @@ class FedBN:
         self.options = options
 
     @hookimpl
-    def private_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+    def private_keys(self, server: Server, model: nn.ModuleDict) -> list[str]:
         kinds = (_BatchNorm,) if self.options.layers == "batch" else NORM_LAYERS
         return norm_keys(model, kinds)

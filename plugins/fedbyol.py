@@ -11,11 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from fedkit import hookimpl
-from fedkit.config.schema import Recipe
-from fedkit.core.server import Server
-from fedkit.plugin.context import ClientContext
-from fedkit.training.loop import Objective
+from fedkit import ClientContext, Objective, Server, hookimpl
 from fedkit_plugins._ssl_common import (
     BYOLOptions,
     byol_model,
@@ -38,11 +34,11 @@ class FedBYOL:
         return [byol_model(server, self.options)]
 
     @hookimpl
-    def private_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+    def private_keys(self, server: Server, model: nn.ModuleDict) -> list[str]:
         return target_keys(model)
 
     @hookimpl
-    def kept_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+    def kept_keys(self, server: Server, model: nn.ModuleDict) -> list[str]:
         return []  # update_client reads only the target (private) and what was received
 
     @hookimpl

@@ -32,19 +32,22 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkit import hookimpl
-from fedkit.config.schema import Recipe
-from fedkit.core.server import ClientInfo, Server, Upload
+from fedkit import (
+    ClientContext,
+    ClientInfo,
+    Objective,
+    RecipeError,
+    Server,
+    Upload,
+    derive,
+    hookimpl,
+)
 from fedkit.data.datasets import ImageSet
-from fedkit.errors import RecipeError
 from fedkit.evaluation.features import extract_features
 from fedkit.models import create_backbone
-from fedkit.plugin.context import ClientContext
-from fedkit.seeding import derive
 from fedkit.ssl.losses import nt_xent
 from fedkit.ssl.pretrain import PretrainConfig, pretrain_encoder
 from fedkit.training import normalize
-from fedkit.training.loop import Objective
 from fedkit_plugins._ssl_common import online_parts, ssl_objective
 from fedkit_plugins.fedsimclr import SimCLROptions
 
@@ -109,8 +112,9 @@ class FedCA:
     # ---------------------------------------------------------------- server side
 
     @hookimpl
-    def configure(self, recipe: Recipe, server: Server) -> None:
-        if self.options.alignment and len(server.data.server) == 0:
+    def configure(self, server: Server) -> None:
+        recipe = server.recipe
+        if self.options.alignment and len(server.own_data) == 0:
             raise RecipeError(
                 "data.server_fraction",
                 "> 0: FedCA's alignment module uses the server split as its public data",
@@ -127,7 +131,7 @@ class FedCA:
         return [model]
 
     def _public(self, server: Server) -> ImageSet:
-        return server.data.train.subset(server.data.server)
+        return server.own_data
 
     def _base_features(self, server: Server) -> Tensor:
         """Train the base encoder on the public set; its features of the public images."""
@@ -164,7 +168,7 @@ class FedCA:
     # ---------------------------------------------------------------- client side
 
     @hookimpl
-    def kept_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+    def kept_keys(self, server: Server, model: nn.ModuleDict) -> list[str]:
         return []  # update_client only stores what it received in ctx.tensors
 
     @hookimpl
@@ -184,10 +188,12 @@ class FedCA:
         if dictionary is not None and len(dictionary) == 0:
             dictionary = None
 
-        def loss(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> Tensor:
-            z1 = model["projector"](model["encoder"](v1))
+        def loss(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> tuple[Tensor, dict]:
+            h1 = model["encoder"](v1)
+            z1 = model["projector"](h1)
             z2 = model["projector"](model["encoder"](v2))
-            return fedca_loss(z1, z2, o.temperature, dictionary)
+            loss = fedca_loss(z1, z2, o.temperature, dictionary)
+            return loss, {"features": h1, "projections": z1}
 
         return ssl_objective(ctx, model, o, loss, ("encoder", "projector"))
 

@@ -21,14 +21,10 @@ Per client and round the metrics get ``fedema_mu`` and ``fedema_divergence``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkit import PluginOptions, hookimpl
-from fedkit.config.schema import Recipe
-from fedkit.plugin.context import ClientContext
+from fedkit import ClientContext, PluginOptions, Server, hookimpl
 from fedkit.plugin.keys import parameter_keys, under
 from fedkit.ssl.divergence import divergence
 
@@ -57,7 +53,7 @@ class FedEMA:
         return min(scaler * d, 1.0)
 
     @hookimpl
-    def kept_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+    def kept_keys(self, server: Server, model: nn.ModuleDict) -> list[str]:
         """The parameters it averages: a client keeps its own values of them."""
         params = set(parameter_keys(model))
         return [k for k in under(model, self.options.parts) if k in params]
@@ -80,7 +76,7 @@ class FedEMA:
     @hookimpl
     def after_local_train(
         self, ctx: ClientContext, model: nn.ModuleDict, before: dict[str, Tensor]
-    ) -> dict[str, Any]:
+    ) -> None:
         d = divergence(before, model.state_dict())
         ctx.state[DIVERGENCE] = d
-        return {"fedema_divergence": d}
+        ctx.log(fedema_divergence=d)

@@ -21,8 +21,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedkit import PluginOptions, hookimpl
-from fedkit.core.server import Server
+from fedkit import PluginOptions, Server, hookimpl
 
 
 class FedOpt:

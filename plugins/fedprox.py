@@ -12,8 +12,7 @@ from typing import Any
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkit import PluginOptions, hookimpl
-from fedkit.plugin.context import ClientContext
+from fedkit import ClientContext, PluginOptions, hookimpl
 
 
 class FedProx:

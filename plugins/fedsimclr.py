@@ -6,11 +6,8 @@ from __future__ import annotations
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkit import hookimpl
-from fedkit.core.server import Server
-from fedkit.plugin.context import ClientContext
+from fedkit import ClientContext, Objective, Server, hookimpl
 from fedkit.ssl.losses import nt_xent
-from fedkit.training.loop import Objective
 from fedkit_plugins._ssl_common import SSLOptions, online_parts, ssl_objective
 
 
@@ -28,11 +25,13 @@ class FedSimCLR:
     def __init__(self, options: SimCLROptions) -> None:
         self.options = options
 
-    def loss(self, model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> Tensor:
-        """NT-Xent of the two views' projections at this run's temperature."""
-        z1 = model["projector"](model["encoder"](v1))
+    def loss(self, model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> tuple[Tensor, dict]:
+        """NT-Xent of the two views' projections at this run's temperature; with the
+        first view's ``features`` and ``projections``."""
+        h1 = model["encoder"](v1)
+        z1 = model["projector"](h1)
         z2 = model["projector"](model["encoder"](v2))
-        return nt_xent(z1, z2, self.options.temperature)
+        return nt_xent(z1, z2, self.options.temperature), {"features": h1, "projections": z1}
 
     @hookimpl
     def init_models(self, server: Server) -> list[nn.ModuleDict]:

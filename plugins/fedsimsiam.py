@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from fedkit import hookimpl
-from fedkit.core.server import Server
-from fedkit.plugin.context import ClientContext
+from fedkit import ClientContext, Objective, Server, hookimpl
 from fedkit.ssl.losses import simsiam_symmetric
-from fedkit.training.loop import Objective
 from fedkit_plugins._ssl_common import SSLOptions, online_parts, ssl_objective
 
 
-def simsiam_loss_fn(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> Tensor:
-    """½·D(p(z1), sg z2) + ½·D(p(z2), sg z1) on the online network alone."""
-    z1 = model["projector"](model["encoder"](v1))
+def simsiam_loss_fn(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> tuple[Tensor, dict]:
+    """½·D(p(z1), sg z2) + ½·D(p(z2), sg z1) on the online network alone; with the first
+    view's ``features`` and ``projections``."""
+    h1 = model["encoder"](v1)
+    z1 = model["projector"](h1)
     z2 = model["projector"](model["encoder"](v2))
-    return simsiam_symmetric(model["predictor"](z1), model["predictor"](z2), z1, z2)
+    loss = simsiam_symmetric(model["predictor"](z1), model["predictor"](z2), z1, z2)
+    return loss, {"features": h1, "projections": z1}
 
 
 class FedSimSiam:

@@ -23,13 +23,8 @@ from typing import Literal
 
 from torch import Tensor, nn
 
-from fedkit import hookimpl
-from fedkit.config.schema import Recipe
-from fedkit.core.server import Server
-from fedkit.errors import RecipeError
-from fedkit.plugin.context import ClientContext
+from fedkit import ClientContext, Objective, RecipeError, Server, hookimpl
 from fedkit.plugin.keys import under
-from fedkit.training.loop import Objective
 from fedkit_plugins._ssl_common import (
     ONLINE,
     TARGET,
@@ -60,7 +55,8 @@ class FedU:
         self.options = options
 
     @hookimpl
-    def configure(self, recipe: Recipe, server: Server) -> None:
+    def configure(self, server: Server) -> None:
+        recipe = server.recipe
         names = [spec.name for spec in recipe.plugins]
         if self.options.predictor == "local" and "dapu" in names:
             raise RecipeError(
@@ -75,12 +71,12 @@ class FedU:
         return [byol_model(server, self.options)]
 
     @hookimpl
-    def private_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+    def private_keys(self, server: Server, model: nn.ModuleDict) -> list[str]:
         local = under(model, "predictor") if self.options.predictor == "local" else []
         return [*target_keys(model), *local]
 
     @hookimpl
-    def kept_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+    def kept_keys(self, server: Server, model: nn.ModuleDict) -> list[str]:
         """With ``update: target`` a client keeps its own online network."""
         return under(model, ONLINE) if self.options.update == "target" else []
 

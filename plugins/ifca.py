@@ -9,18 +9,11 @@ rounds. The pool and restarts are server-side; choosing and training run on the 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from pydantic import Field
 from torch import nn
 
-from fedkit import hookimpl
-from fedkit.config.schema import Recipe
-from fedkit.core.server import Server
-from fedkit.plugin.context import ClientContext
-from fedkit.seeding import derive
-from fedkit.training.loop import Objective
+from fedkit import ClientContext, Objective, Server, derive, hookimpl
 from fedkit_plugins.clustered import (
     PoolOptions,
     PoolPlugin,
@@ -44,7 +37,7 @@ class IFCA(PoolPlugin):
         random_rounds: int = Field(0, ge=0)
 
     @hookimpl
-    def configure(self, recipe: Recipe, server: Server) -> None:
+    def configure(self, server: Server) -> None:
         server.state.setdefault(RESTARTS, 0)
 
     def _pool(self, server: Server) -> list[nn.ModuleDict]:
@@ -68,11 +61,11 @@ class IFCA(PoolPlugin):
         return local_objective(ctx, model, freeze_encoder=False)
 
     @hookimpl
-    def round_end(self, server: Server, metrics: dict[str, Any]) -> None:
+    def round_end(self, server: Server) -> None:
         done = server.state.get(RESTARTS, 0)
         if server.round <= self.options.random_rounds or done >= self.options.restarts:
             return
-        if not collapsed(server, metrics["clients"]):
+        if not collapsed(server, server.sampled):
             return
         done += 1
         with torch.random.fork_rng():
@@ -80,4 +73,4 @@ class IFCA(PoolPlugin):
             models = self._pool(server)
         server.pool = [server.shared(m.state_dict()) for m in models]
         server.state[RESTARTS] = done
-        metrics["restart"] = done
+        server.log(restart=done)

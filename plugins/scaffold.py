@@ -23,12 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fedkit import PluginOptions, hookimpl
-from fedkit.config.schema import Recipe
-from fedkit.core.server import Server, Upload
-from fedkit.errors import RecipeError
-from fedkit.plugin.context import ClientContext
-from fedkit.training import round_lr
+from fedkit import DROP, ClientContext, PluginOptions, RecipeError, Server, Upload, hookimpl
 
 GLOBAL = "scaffold.c."
 DELTA = "scaffold.delta_c."
@@ -43,19 +38,19 @@ class Scaffold:
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        self._correction: tuple[tuple[int, int], dict[str, Tensor]] | None = None
 
     # ---------------------------------------------------------------- server side
 
     @hookimpl
-    def configure(self, recipe: Recipe, server: Server) -> None:
+    def configure(self, server: Server) -> None:
+        recipe = server.recipe
         if recipe.federation.optimizer.name != "sgd":
             raise RecipeError(
                 "federation.optimizer.name", "sgd with scaffold", recipe.federation.optimizer.name
             )
 
     @hookimpl
-    def auxiliary_keys(self, recipe: Recipe) -> list[str]:
+    def auxiliary_keys(self, server: Server) -> list[str]:
         return ["scaffold.*"]
 
     @hookimpl
@@ -73,7 +68,7 @@ class Scaffold:
             old = server.pool[cluster].get(GLOBAL + name)
             c = old.double() if old is not None else torch.zeros_like(mean)
             claims[GLOBAL + name] = (c + share * mean).to(sent[0].tensors[key].dtype)
-            claims[key] = None
+            claims[key] = DROP
         return claims
 
     # ---------------------------------------------------------------- client side
@@ -86,9 +81,8 @@ class Scaffold:
         ]
 
     def correction(self, ctx: ClientContext, model: nn.Module) -> dict[str, Tensor]:
-        """c − c_i per parameter, computed once per client round (a cache, not state)."""
-        key = (ctx.id, ctx.round)
-        if self._correction is None or self._correction[0] != key:
+        """c − c_i per parameter, computed once per client round (kept in ``ctx.scratch``)."""
+        if "scaffold" not in ctx.scratch:
             out = {}
             for name, p in self._trained(ctx, model):
                 c, own = ctx.received.get(GLOBAL + name), ctx.tensors.get(OWN + name)
@@ -96,8 +90,8 @@ class Scaffold:
                     continue
                 diff = (c if c is not None else 0) - (own if own is not None else 0)
                 out[name] = torch.as_tensor(diff).to(device=p.device, dtype=p.dtype)
-            self._correction = (key, out)
-        return self._correction[1]
+            ctx.scratch["scaffold"] = out
+        return ctx.scratch["scaffold"]
 
     @hookimpl
     def before_step(self, ctx: ClientContext, model: nn.Module, optimizer) -> None:
@@ -112,7 +106,7 @@ class Scaffold:
         self, ctx: ClientContext, local: dict[str, Tensor], model: nn.Module
     ) -> dict[str, Tensor]:
         """Option II: c_i⁺ = c_i − c + (x − y_i)/(K·η); send Δc_i = c_i⁺ − c_i."""
-        steps, lr = ctx.steps, round_lr(ctx.recipe.federation, ctx.round)
+        steps, lr = ctx.steps, ctx.lr
         if steps == 0:
             return {}
         deltas = {}

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedkit import PluginOptions, hookimpl
-from fedkit.config.schema import Recipe
-from fedkit.core.server import Server
-from fedkit.errors import RecipeError
+from fedkit import PluginOptions, RecipeError, Server, hookimpl
 
 
 class SingleClient:
@@ -32,7 +29,8 @@ class SingleClient:
         self.options = options
 
     @hookimpl
-    def configure(self, recipe: Recipe, server: Server) -> None:
+    def configure(self, server: Server) -> None:
+        recipe = server.recipe
         ev = recipe.evaluation
         if ev.protocol in ("knn", "linear", "semi") and not ev.personal:
             raise RecipeError(
@@ -43,5 +41,5 @@ class SingleClient:
             )
 
     @hookimpl
-    def private_keys(self, recipe: Recipe, model: nn.ModuleDict) -> list[str]:
+    def private_keys(self, server: Server, model: nn.ModuleDict) -> list[str]:
         return list(model.state_dict())

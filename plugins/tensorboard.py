@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedkit import PluginOptions, hookimpl
-from fedkit.config.schema import Recipe
-from fedkit.core.server import Server
-from fedkit.errors import RecipeError
+from fedkit import PluginOptions, RecipeError, Server, hookimpl
 
 
 def scalars(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -43,7 +40,7 @@ class TensorBoard:
         self.writer: Any = None  # server side only: opened at the first round
 
     @hookimpl
-    def configure(self, recipe: Recipe, server: Server) -> None:
+    def configure(self, server: Server) -> None:
         try:
             import tensorboard  # noqa: F401
         except ImportError:

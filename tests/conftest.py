@@ -41,7 +41,8 @@ LoadedEntryPoint = Loaded
 def activate(raw: dict[str, Any], **extra: Any):
     """Validate a raw recipe and activate its plugins, with extra in-test plugins."""
     from fedkit.config.schema import validate
-    from fedkit.plugin.manager import Plugins, discover
+    from fedkit.plugin.manager import Plugins
+    from fedkit.plugin.registry import discover
 
     recipe = validate(raw)
     available = {**discover(), **{k: LoadedEntryPoint(v) for k, v in extra.items()}}
@@ -60,7 +61,7 @@ def kept_model(run, cid: int) -> dict[str, Any] | None:
     """The model keys client ``cid`` keeps between rounds (its private keys and those
     plugins declare in ``kept_keys``) as of its last round; ``None`` before its first.
     For the full state a client trained to, use ``Spy.trained``."""
-    memory = run.executor.store.get(cid)
+    memory = run.executor.memory(cid)
     return None if memory is None else memory.model
 
 
@@ -81,17 +82,18 @@ def client_context(
     models to fetch and no plugins (``ctx.fit`` runs only the objective)."""
     from fedkit.config.schema import validate
     from fedkit.data.datasets import ImageSet
-    from fedkit.plugin.context import ClientContext, ClientData, ClientMemory, ModelKeys
+    from fedkit.plugin.context import ClientContext, ModelKeys
 
     if train is None:
         images = torch.zeros(0, 3, 1, 1, dtype=torch.uint8)
         train = ImageSet(images, torch.zeros(0, dtype=torch.long), [], (0.0,) * 3, (1.0,) * 3)
-    memory = ClientMemory(
-        tensors=dict(tensors or {}), state=dict(state or {}), participations=participations
-    )
     return ClientContext(
-        ClientData(id, train, train),
-        memory,
+        id,
+        train,
+        train,
+        state=dict(state or {}),
+        tensors=dict(tensors or {}),
+        participations=participations,
         recipe=validate(raw),
         round=round,
         device=torch.device("cpu"),
@@ -142,8 +144,8 @@ def attach_spy(run) -> Spy:
     """Register a ``Spy`` next to a prepared run's plugins, on both sides: the server's
     plugin manager (``aggregate``) and the worker's (``local_train``)."""
     spy = Spy()
-    run.plugins.pm.register(spy, name="spy")
-    run.executor.worker.plugins.pm.register(spy, name="spy")
+    run.plugins.add(spy, "spy")
+    run.executor.worker.plugins.add(spy, "spy")
     return spy
 
 

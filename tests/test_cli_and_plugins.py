@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 import fedkit
 import fedkit.cli.app
 from fedkit.cli.app import app
-from fedkit.plugin.manager import describe, discover, hook_names, hook_side
+from fedkit.plugin.registry import describe, discover, hook_names, hook_side
 
 runner = CliRunner()
 
@@ -57,8 +57,8 @@ def test_every_installed_plugin_is_documented_and_implements_hooks(name):
     assert info.summary, f"{name} needs a docstring"
     assert info.hooks and set(info.hooks) <= set(hook_names())
     sides = info.hooks_by_side()
-    assert sorted(sides) == ["client", "server"]
-    assert sorted(sides["server"] + sides["client"]) == sorted(info.hooks)
+    assert sorted(sides) == ["client", "registry", "server"]
+    assert sorted(sides["registry"] + sides["server"] + sides["client"]) == sorted(info.hooks)
     assert all(hook_side(h) == side for side, hooks in sides.items() for h in hooks)
 
 

@@ -23,15 +23,16 @@ from fedkit.config.schema import DataConfig, validate
 from fedkit.core import runs
 from fedkit.core.aggregation import weighted_mean
 from fedkit.core.engine import prepare, run_round
-from fedkit.core.messages import ClientJob, read_only
+from fedkit.core.messages import read_only
 from fedkit.core.server import Upload
 from fedkit.data.datasets import ImageSet
 from fedkit.data.federated import split_federated
 from fedkit.errors import RecipeError
 from fedkit.models.backbones import create_backbone
-from fedkit.plugin.context import ClientMemory
+from fedkit.plugin.registry import registries
 from fedkit.rundir import logs
 from fedkit.rundir.checkpoint import saved_part
+from fedkit.rundir.store import ClientMemory
 from fedkit.ssl.pretrain import PretrainConfig, build_heads, pretrain_encoder
 from fedkit.training import supervised_loss
 from fedkit_plugins.clustered import PRETRAINED, load_encoder, lowest_loss_cluster
@@ -153,8 +154,7 @@ def test_lowest_loss_selection_picks_the_model_with_the_lowest_loss(blobs: Path)
     assert int(np.argmin(losses)) == 2
     # client 4's context as its worker builds it in round 1, offered the whole pool
     worker = run.executor.worker
-    job = ClientJob(1, client.id, 0, read_only(server.pool))
-    ctx = worker.context(job, client, ClientMemory())
+    ctx = worker.context(1, client, ClientMemory(), torch.Generator(), read_only(server.pool))
     assert lowest_loss_cluster(ctx, worker.model) == 2
     assert ctx.fetched == [0, 1, 2]  # scoring downloads every cluster (booked by the ledger)
 
@@ -315,7 +315,8 @@ def test_cluster_groups_reproduces_the_paper_set_up() -> None:
         local_test_size=50,
         partition={"name": "cluster_groups"},
     )
-    data = split_federated(train, test, cfg, seed=0)
+    cluster_groups = registries().partitioners.get("cluster_groups")
+    data = split_federated(train, test, cfg, seed=0, partitioner=cluster_groups)
     assert data.groups == [g for g in range(3) for _ in range(20)]
     group_classes = [{0, 1, 2, 3}, {3, 4, 5, 6}, {6, 7, 8, 9}]
     server = set(data.server.tolist())

@@ -11,15 +11,25 @@ from PIL import Image
 from rich.console import Console
 
 from fedkit.config.schema import DataConfig
-from fedkit.data import (
-    build_federated_data,
-    load_split,
-    load_splits,
-    partition_table,
-    render_partition,
-    save_partition,
-)
+from fedkit.data import datasets, partition_table, render_partition, save_partition
+from fedkit.data import federated as fed
 from fedkit.errors import RecipeError
+from fedkit.plugin.registry import registries
+
+
+def load_split(cfg: DataConfig, split: str):
+    """A split of the data set the section names, found among the registered ones."""
+    return datasets.load_split(cfg, split, registries().datasets.get(cfg.dataset))
+
+
+def load_splits(cfg: DataConfig):
+    return datasets.load_splits(cfg, registries().datasets.get(cfg.dataset))
+
+
+def build_federated_data(cfg: DataConfig, seed: int):
+    regs = registries()
+    dataset, partitioner = regs.datasets.get(cfg.dataset), regs.partitioners.get(cfg.partition.name)
+    return fed.build_federated_data(cfg, seed, dataset, partitioner)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from fedkit.cli import reference
 from fedkit.plugin import hookspecs
-from fedkit.plugin.manager import hook_kind, hook_names, hook_side
+from fedkit.plugin.registry import hook_kind, hook_names, hook_side
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ from conftest import prepared, tiny_recipe
 
 from fedkit import PROJECT
 from fedkit.core.engine import run_round
-from fedkit.plugin.manager import hook_names
+from fedkit.plugin.registry import hook_names
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "docs" / "plugins.md").read_text()

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from fedkit.cli import recipe_reference
+from fedkit.cli import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 MKDOCS = Path(sys.executable).parent / "mkdocs"
 
 
-@pytest.mark.parametrize("name", sorted(recipe_reference.PAGES))
+@pytest.mark.parametrize("name", sorted(reference.PAGES))
 def test_reference_page_is_generated_from_the_code(name):
     page = (ROOT / "docs" / name).read_text()
-    assert page == recipe_reference.PAGES[name](), f"docs/{name} is stale: run make reference"
+    assert page == reference.PAGES[name](), f"docs/{name} is stale: run make reference"
 
 
 def test_cli_reference_lists_every_command_and_option():

@@ -17,7 +17,7 @@ from fedkit.cli.app import app
 from fedkit.core.engine import run_round
 from fedkit.core.ledger import tensor_bytes
 from fedkit.errors import RecipeError
-from fedkit.plugin.manager import describe, discover
+from fedkit.plugin.registry import describe, discover
 from fedkit.rundir import checkpoint
 from fedkit.rundir.checkpoint import saved_part
 from fedkit_plugins.fedca import (
@@ -101,7 +101,7 @@ def test_the_global_dictionary_is_every_upload_and_goes_down_next_round(two_roun
 def test_public_data_and_base_model_stay_on_the_server(two_rounds):
     run, spy, _ = two_rounds
     assert set(run.server.template) == {"encoder", "projector"}
-    public = run.server.data.train.subset(run.server.data.server)
+    public = run.server.own_data
     base = run.server.tensors["fedca_base/features"]  # kept by the core (server.once)
     assert set(run.server.tensors) == {"fedca_base/features"} and len(base) == len(public)
     once = len(public) * 3 * 16 * 16 + tensor_bytes([base])
@@ -168,7 +168,8 @@ def client_with(dictionary, **tensors):
 
 def local_loss(plugin: FedCA, ctx, model: nn.ModuleDict, v1, v2) -> torch.Tensor:
     """The plugin's objective on one batch of two views (as the core fit loop computes it)."""
-    return plugin.local_objective(ctx, model).loss(model, (v1, v2))
+    loss, _ = plugin.local_objective(ctx, model).loss(model, (v1, v2))
+    return loss
 
 
 def test_local_loss_uses_the_received_dictionary_as_hand_computed():

@@ -11,7 +11,7 @@ from torch import nn
 
 from fedkit.config.schema import validate
 from fedkit.core.engine import run_round
-from fedkit.plugin.context import ClientContext, ClientData, ClientMemory, ModelKeys
+from fedkit.plugin.context import ClientContext, ModelKeys
 from fedkit_plugins.fedprox import FedProx
 
 SGD = {"optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.0}}
@@ -27,10 +27,10 @@ def test_term_is_half_mu_times_squared_distance_to_the_global_parameters():
     model = nn.ModuleDict({"lin": nn.Linear(3, 2)})
     state = model.state_dict()
     received = {k: v + 0.5 for k, v in state.items()}  # every entry 0.5 away
-    data = ClientData(0, None, None)  # the term needs no data
     ctx = ClientContext(
-        data,
-        ClientMemory(),
+        0,
+        None,  # the term needs no data
+        None,
         recipe=validate(tiny_recipe()),
         round=1,
         device=torch.device("cpu"),

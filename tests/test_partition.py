@@ -5,9 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedkit import hookimpl
 from fedkit.config.schema import DataConfig
-from fedkit.data.partition import PARTITIONERS, Partition, partition, register_partitioner
+from fedkit.data.partition import Partition, partition
 from fedkit.errors import RecipeError
+from fedkit.plugin.registry import Registries, discover, registries
+from fedkit.testing import Loaded
 
 
 def _labels(per_class: int = 100, num_classes: int = 10, seed: int = 1) -> np.ndarray:
@@ -15,9 +18,10 @@ def _labels(per_class: int = 100, num_classes: int = 10, seed: int = 1) -> np.nd
     return np.random.default_rng(seed).permutation(labels)
 
 
-def _split(labels, name, num_clients=10, seed=0, **params) -> Partition:
+def _split(labels, name, num_clients=10, seed=0, regs: Registries | None = None, **params):
     cfg = DataConfig(num_clients=num_clients, partition={"name": name, **params})
-    return partition(labels, cfg, np.random.default_rng(seed))
+    fn = (regs or registries()).partitioners.get(name)
+    return partition(labels, cfg, np.random.default_rng(seed), fn)
 
 
 CASES = [
@@ -160,13 +164,22 @@ def test_too_many_clients_is_an_error():
         _split(_labels(per_class=1), "iid", num_clients=11)
 
 
-def test_registered_partitioner_is_dispatched():
-    @register_partitioner("halves_test")
-    def halves(labels, num_clients, rng, first=True):
-        return Partition([np.arange(len(labels) // 2), np.arange(len(labels) // 2, len(labels))])
+def halves(labels, num_clients, rng, first=True):
+    return Partition([np.arange(len(labels) // 2), np.arange(len(labels) // 2, len(labels))])
 
-    try:
-        part = _split(_labels(), "halves_test", num_clients=2, first=False)
-        assert [len(c) for c in part.clients] == [500, 500]
-    finally:
-        del PARTITIONERS["halves_test"]
+
+class Halves:
+    """A plugin that registers a partitioner (a registry hook is a staticmethod)."""
+
+    @staticmethod
+    @hookimpl
+    def register_partitioners(register):
+        register("halves_test", halves)
+
+
+def test_registered_partitioner_is_dispatched():
+    regs = registries({**discover(), "halves": Loaded(Halves)})
+    part = _split(_labels(), "halves_test", num_clients=2, first=False, regs=regs)
+    assert [len(c) for c in part.clients] == [500, 500]
+    assert regs.partitioners.entries["halves_test"].plugin == "halves"
+    assert "halves_test" not in registries().partitioners  # installed ones are untouched

@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from fedkit.cli.app import app
 from fedkit.config.schema import validate
 from fedkit.core import runs
+from fedkit.core.engine import run_round
 from fedkit.errors import FedkitError
 from fedkit.rundir import atomic, checkpoint, logs
 from fedkit.rundir.integrity import sha256_file
@@ -121,9 +122,9 @@ def reference(tmp_path_factory):
     full = runs.start(recipe, root / "full")
     runs.execute(full, root / "full")
     half = runs.start(recipe, root / "half")
-    runs.commit(half, root / "half", [runs.run_round(half, r) for r in (1,)], 1)
+    runs.commit(half, root / "half", [run_round(half, r) for r in (1,)], 1)
     for r in (2, 3):
-        runs.commit(half, root / "half", [runs.run_round(half, r)], r)
+        runs.commit(half, root / "half", [run_round(half, r)], r)
     half.close()
     return root
 

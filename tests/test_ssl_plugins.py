@@ -13,7 +13,7 @@ from torch import nn
 
 from fedkit.core.engine import run_round
 from fedkit.core.ledger import tensor_bytes
-from fedkit.evaluation.runner import evaluation_sets, score_encoder
+from fedkit.evaluation.scoring import score_encoder
 from fedkit_plugins._ssl_common import byol_loss_fn
 from fedkit_plugins.fedsimclr import FedSimCLR
 from fedkit_plugins.fedsimsiam import simsiam_loss_fn
@@ -223,13 +223,15 @@ def test_byol_loss_on_a_known_input():
     # cos(v1, v2) per row: 1/sqrt(2) and -1; each term 2 - 2cos, two terms summed
     per_row = [2 - 2 / math.sqrt(2), 2 + 2]
     expected = 2 * sum(per_row) / 2
-    loss = byol_loss_fn(_identity_model(target=True), V1, V2)
+    loss, outputs = byol_loss_fn(_identity_model(target=True), V1, V2)
+    assert set(outputs) == {"features", "projections"}
     assert loss.item() == pytest.approx(expected, abs=1e-6)
 
 
 def test_simsiam_loss_on_a_known_input():
     expected = -(1 / math.sqrt(2) - 1) / 2
-    assert simsiam_loss_fn(_identity_model(), V1, V2).item() == pytest.approx(expected, abs=1e-6)
+    loss, _ = simsiam_loss_fn(_identity_model(), V1, V2)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
 
 
 def test_simclr_loss_on_a_known_input_and_temperature_option():
@@ -241,7 +243,7 @@ def test_simclr_loss_on_a_known_input_and_temperature_option():
         pos = (i + 2) % 4
         denominator = sum(math.exp(sim[i][j]) for j in range(4) if j != i)
         total += -math.log(math.exp(sim[i][pos]) / denominator)
-    loss = plugin.loss(_identity_model(predictor=False), V1, V2)
+    loss, _ = plugin.loss(_identity_model(predictor=False), V1, V2)
     assert loss.item() == pytest.approx(total / 4, abs=1e-5)
 
 
@@ -260,12 +262,12 @@ def test_single_client_sends_nothing_keeps_its_model_and_scores_clients():
     for row in rows:
         scores = row["client_knn_accuracy"]
         assert set(scores) == {"0", "1", "2"}
-        assert row["personal_knn_accuracy"] == pytest.approx(sum(scores.values()) / 3)
+        assert row["personalized_knn_accuracy"] == pytest.approx(sum(scores.values()) / 3)
         assert 0.0 <= row["knn_accuracy"] <= 1.0  # cluster 0's (untrained) encoder
     # a client's score is its own encoder's, as it left its last round
     model = copy.deepcopy(run.server.template)
     model.load_state_dict(kept_model(run, 1))
-    train, test = evaluation_sets(run.server)
+    train, test = run.evaluator.benchmark()
     cfg, seed = run.recipe.evaluation, run.recipe.seed
     own = score_encoder(model["encoder"], train, test, "knn", cfg, seed, run.server.device)
     assert rows[-1]["client_knn_accuracy"]["1"] == own["knn_accuracy"]

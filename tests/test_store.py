@@ -13,10 +13,15 @@ from test_ssl_plugins import ssl_recipe
 from fedkit.config.schema import validate
 from fedkit.core import runs
 from fedkit.core.engine import run_round
-from fedkit.plugin.context import ClientMemory
 from fedkit.rundir import logs
 from fedkit.rundir.integrity import sha256_file
-from fedkit.rundir.store import DiskStore, MemoryStore, make_store, read_memory, write_memory
+from fedkit.rundir.store import (
+    ClientMemory,
+    DiskStore,
+    MemoryStore,
+    read_memory,
+    write_memory,
+)
 
 
 def memory(value: float) -> ClientMemory:
@@ -74,10 +79,13 @@ def test_memory_store_persists_only_changed_clients(tmp_path):
 
 
 def test_auto_store_goes_to_disk_above_the_memory_budget(tmp_path):
-    engine = validate({"engine": {"memory_budget_mb": 1}}).engine
-    assert isinstance(make_store(engine, tmp_path, 2**19), MemoryStore)
-    assert isinstance(make_store(engine, tmp_path, 2**21), DiskStore)
-    store = make_store(validate({"engine": {"store": "disk"}}).engine, None, 0)
+    from fedkit.core.engine import store_spec
+    from fedkit.plugin.registry import registries
+
+    recipe, regs = validate({"engine": {"memory_budget_mb": 1}}), registries()
+    assert isinstance(store_spec(recipe, regs, tmp_path, 2**19).make(), MemoryStore)
+    assert isinstance(store_spec(recipe, regs, tmp_path, 2**21).make(), DiskStore)
+    store = store_spec(validate({"engine": {"store": "disk"}}), regs, None, 0).make()
     folder = store.folder
     assert folder.is_dir()
     store.close()

@@ -85,11 +85,11 @@ def naming_file(path: Path) -> Iterator[None]:
 def load_checked(path: Path, overrides: list[str]) -> tuple[Recipe, Plugins]:
     """Load, validate and check a recipe file; every error names the file."""
     from fedkit.config.schema import load_recipe
-    from fedkit.core.preflight import check_recipe
+    from fedkit.core.preflight import check
 
     with naming_file(path):
         recipe = load_recipe(path, overrides)
-        return recipe, check_recipe(recipe)
+        return recipe, check(recipe)
 
 
 def engine_settings(executor: str | None, workers: int | None) -> list[str]:
@@ -145,7 +145,7 @@ def run(
             if recipe is None:
                 raise FedkitError("give a recipe (file or shipped name) or --resume DIR")
             path = shipped.resolve(recipe)
-            parsed, _ = load_checked(path, [*(set_ or []), *engine])
+            parsed, plugins = load_checked(path, [*(set_ or []), *engine])
             out = out or runs.default_out(path.stem)
         fresh = not out.exists()
         with RunLock(out), interrupted(out), tidy(out, fresh):
@@ -157,8 +157,8 @@ def run(
                     console.print(f"resuming {resume} after round {done}")
             else:
                 with naming_file(path):
-                    the_run, done = runs.start(parsed, out), 0
-                data = the_run.server.data
+                    the_run, done = runs.start(parsed, out, plugins), 0
+                data = the_run.data
                 if not quiet:
                     console.print(render_partition(partition_table(data), data.train.classes))
             warn_about(the_run)
@@ -255,7 +255,7 @@ def validate(
     ] = True,
 ) -> None:
     """Check a recipe without running it (by default with a one-round dry run)."""
-    from fedkit.plugin.authoring import dry_round
+    from fedkit.core.runs import dry_round
 
     with friendly_errors():
         path = shipped.resolve(recipe)
@@ -298,28 +298,37 @@ def list_plugins(
         bool, typer.Option("--check", help="Report authoring mistakes; exit 2 if any.")
     ] = False,
 ) -> None:
-    """List installed plugins: package, hooks, and whether they upload data-derived tensors."""
-    from fedkit.plugin import manager as plugin_registry
+    """List installed plugins: package, hooks, what they register (data sets,
+    partitioners, executors, stores), and whether they upload data-derived tensors."""
+    from fedkit.plugin import registry
     from fedkit.plugin.authoring import check_entry_points, check_plugin
 
     table = Table(title="fedkit plugins")
-    for column in ("plugin", "package", "server hooks", "client hooks", "data-derived", "summary"):
+    columns = ("plugin", "package", "server hooks", "client hooks", "registers", "data-derived")
+    for column in (*columns, "summary"):
         table.add_column(column, overflow="fold")
-    entry_points = plugin_registry.discover()
+    entry_points = registry.discover()
     loaded, findings = check_entry_points(entry_points)
+    with friendly_errors():
+        registered = registry.collect(loaded)
+    provides: dict[str, list[str]] = {}
+    for kind in registered.kinds().values():
+        for entry in kind.entries.values():
+            provides.setdefault(entry.plugin, []).append(f"{kind.kind} {entry.name}")
     for name, ep in entry_points.items():
         if name not in loaded:
             dist = ep.dist
             package = f"{dist.name} {dist.version}" if dist else "?"
-            table.add_row(name, package, "", "", "", "[red]broken: cannot be imported[/]")
+            table.add_row(name, package, "", "", "", "", "[red]broken: cannot be imported[/]")
             continue
-        info = plugin_registry.describe(ep)
+        info = registry.describe(ep)
         sides = info.hooks_by_side()
         table.add_row(
             name,
             f"{info.package} {info.version}",
             ", ".join(sides["server"]),
             ", ".join(sides["client"]),
+            ", ".join(provides.get(name, [])),
             "yes" if info.uploads_data_derived else "no",
             info.summary,
         )

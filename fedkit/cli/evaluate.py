@@ -17,11 +17,11 @@ from torch import nn
 
 from fedkit.config.schema import Recipe, load_recipe
 from fedkit.core.engine import resolve_device
-from fedkit.core.preflight import check_data
-from fedkit.data.datasets import load_splits
+from fedkit.data.datasets import check_data, load_splits
 from fedkit.errors import FedkitError, RecipeError
-from fedkit.evaluation.runner import capped, score_encoder
+from fedkit.evaluation.scoring import capped, score_encoder
 from fedkit.models import create_backbone
+from fedkit.plugin.registry import registries
 from fedkit.rundir.checkpoint import personal_state, saved_part
 
 PROTOCOLS = ("knn", "linear", "semi")
@@ -59,10 +59,11 @@ def evaluate_run(
     extra = [f"data.dataset={dataset}"] if dataset else []
     extra += [f"data.root={root}"] if root else []
     recipe = load_recipe(recipe_file, [*extra, *(overrides or [])])
-    check_data(recipe)
+    dataset_entry = registries().datasets.get(recipe.data.dataset)
+    check_data(recipe.data, dataset_entry)
     device = resolve_device(recipe.device)
     encoder = saved_encoder(run_dir, recipe, client).to(device)
-    train, test = load_splits(recipe.data)
+    train, test = load_splits(recipe.data, dataset_entry)
     cfg, seed = recipe.evaluation, recipe.seed
     train, test = capped(train, cfg.max_eval, seed), capped(test, cfg.max_eval, seed)
     with torch.enable_grad():

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import keyword
 import re
+from importlib.metadata import version
 from pathlib import Path
 
-from fedkit import __version__
 from fedkit.errors import FedkitError
 
 PYPROJECT = """\
@@ -169,7 +169,7 @@ def create(name: str, parent: Path) -> Path:
     if root.exists():
         raise FedkitError(f"{root} already exists; choose another name or folder")
     cls = "".join(part.capitalize() for part in name.split("_"))
-    values = {"name": name, "module": module, "cls": cls, "fedkit": __version__}
+    values = {"name": name, "module": module, "cls": cls, "fedkit": version("fedkit")}
     files = {
         "pyproject.toml": PYPROJECT,
         "README.md": README,

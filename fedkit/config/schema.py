@@ -104,14 +104,18 @@ class PluginSpec(Section):
 
 
 class EvaluationConfig(Section):
-    """Which protocol scores the model, and how often (0: only after the last round).
+    """Which protocol scores the model, how often (0: only after the last round) and on
+    which clients.
 
-    ``personal``: with a representation protocol (knn, linear, semi), also score every
-    trained client's own encoder (its cluster's state with its private keys).
+    ``clients``: the clients that evaluate their personal model on their own data each
+    evaluation round, ``all`` or a number drawn per round (seeded). ``personal``: with a
+    representation protocol (knn, linear, semi), also score every trained client's own
+    encoder (its cluster's state with its private keys), on the client.
     """
 
     protocol: Literal["supervised", "knn", "linear", "semi", "none"] = "supervised"
     every: int = Field(1, ge=0)
+    clients: Literal["all"] | int = "all"
     personal: bool = False
     knn_k: int = Field(200, gt=0)
     knn_temperature: float = Field(0.1, gt=0)
@@ -121,6 +125,13 @@ class EvaluationConfig(Section):
     semi_epochs: int = Field(100, gt=0)
     semi_lr: float = Field(1e-3, gt=0)
     max_eval: int | None = Field(None, gt=0)
+
+    @field_validator("clients")
+    @classmethod
+    def _clients(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("all, or a number of clients of at least 1")
+        return value
 
     @field_validator("semi_fractions")
     @classmethod
@@ -133,23 +144,24 @@ class EvaluationConfig(Section):
 class EngineConfig(Section):
     """Where clients run and where what they keep lives.
 
-    ``executor``: ``sequential`` (one after another, in this process), ``isolated`` (each
-    job as a fresh worker process would run it: plugins rebuilt from the recipe,
-    everything that crosses pickled; for checking plugins) or ``ray`` (long-lived actors
-    on a Ray cluster; the ``ray`` extra). ``workers``, ``num_cpus``, ``num_gpus``,
-    ``address``: Ray's actor count, resources per actor and cluster (``auto``,
-    ``ray://host:port``; none: a local cluster). ``store``: ``memory``, ``disk`` or
-    ``auto`` (disk when the clients' kept state would pass ``memory_budget_mb``);
-    ``cache``: client memories a disk store keeps in memory.
+    ``executor``: a registered executor (``fedkit plugins`` lists them): ``sequential``
+    (one after another, in this process), ``isolated`` (each job as a fresh worker process
+    would run it: plugins rebuilt from the recipe, everything that crosses pickled; for
+    checking plugins) or ``ray`` (long-lived actors on a Ray cluster; the ``ray`` extra).
+    ``workers``, ``num_cpus``, ``num_gpus``, ``address``: Ray's actor count, resources
+    per actor and cluster (``auto``, ``ray://host:port``; none: a local cluster).
+    ``store``: a registered client store, ``memory`` or ``disk``, or ``auto`` (disk when
+    the clients' kept state would pass ``memory_budget_mb``); ``cache``: client memories
+    a disk store keeps in memory.
     """
 
-    executor: Literal["sequential", "isolated", "ray"] = "sequential"
+    executor: str = "sequential"
     checkpoint_every: int = Field(1, ge=1)
     workers: int | None = Field(None, gt=0)
     num_cpus: float = Field(1.0, gt=0)
     num_gpus: float = Field(0.0, ge=0)
     address: str | None = None
-    store: Literal["auto", "memory", "disk"] = "auto"
+    store: str = "auto"
     memory_budget_mb: float = Field(1024.0, gt=0)
     cache: int = Field(64, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
@@ -206,12 +218,6 @@ class Recipe(Section):
             else:
                 specs.append(item)
         return specs
-
-    def plugin_options(self, name: str) -> dict[str, Any]:
-        for spec in self.plugins:
-            if spec.name == name:
-                return spec.options
-        return {}
 
 
 def _section_fields(path: tuple[Any, ...]) -> list[str]:

@@ -1,10 +1,13 @@
 """The federated round loop. Server side: sample_clients → downlink; client side (in the
 executor): select_cluster → update_client → training → upload_selection →
-process_upload; server side again: aggregate → server_update → round_end → evaluate."""
+process_upload; server side again: aggregate → server_update → round_end; evaluation:
+the evaluator's global scores, each evaluated client's personal model scored on the
+client (personal_model → evaluate_client), the server's evaluate; round_logged."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,18 +19,20 @@ from torch import Tensor
 from fedkit.config.schema import Recipe
 from fedkit.core import faults
 from fedkit.core.aggregation import weighted_mean
-from fedkit.core.executor import Executor, make_executor
-from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, read_only
-from fedkit.core.row import summarise
+from fedkit.core.evaluator import Evaluator, due
+from fedkit.core.executor import Executor, Population, StoreSpec
+from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, read_only
+from fedkit.core.preflight import check
+from fedkit.core.row import evaluation_entries, summarise
 from fedkit.core.server import Server, Upload
 from fedkit.core.worker import non_finite
-from fedkit.data.federated import build_federated_data
+from fedkit.data.federated import FederatedData, build_federated_data
 from fedkit.errors import RecipeError, RoundFailed
-from fedkit.evaluation.runner import evaluate_round
-from fedkit.plugin.context import ClientData
-from fedkit.plugin.manager import Plugins, implemented_hooks
-from fedkit.rundir.store import kept_bytes, make_store
-from fedkit.seeding import derive, seed_everything
+from fedkit.plugin.manager import Plugins
+from fedkit.plugin.markers import DROP
+from fedkit.plugin.registry import Registries, implemented_hooks, registries
+from fedkit.rundir.store import MEMORIES, kept_bytes
+from fedkit.seeding import derive, rng_states, seed_everything, set_rng_states
 from fedkit.training import precision
 
 if TYPE_CHECKING:
@@ -50,13 +55,16 @@ class SilentReporter:
 
 @dataclass
 class Run:
-    """One run: the recipe, the server-side plugins, the server and the executor (which
-    holds the clients' data and memories)."""
+    """One run as the engine holds it: the recipe, the server side (plugins, server), the
+    client side (the executor: every client's data and memory), and what only the
+    simulation knows (the evaluator, and the federated data for the partition table)."""
 
     recipe: Recipe
     plugins: Plugins
     server: Server
     executor: Executor
+    evaluator: Evaluator
+    data: FederatedData
     notes: list[str] = field(default_factory=list)
 
     def close(self) -> None:
@@ -79,20 +87,25 @@ def prepare(
     out: Path | None = None,
 ) -> Run:
     """Build data, server, plugins, the initial pool and the executor: everything before
-    round 1. With a checkpoint ``snapshot``, server values are restored before
-    ``configure`` (so ``server.once`` hands back what was computed) and the rest after.
-    ``out`` is the run directory (a disk store keeps client memories under it)."""
-    plugins = plugins or Plugins(recipe)
-    if recipe.federation.clients_per_round > recipe.data.num_clients:
-        raise RecipeError(
-            "federation.clients_per_round",
-            f"at most data.num_clients ({recipe.data.num_clients})",
-            recipe.federation.clients_per_round,
-        )
+    round 1. Without ``plugins``, the recipe is checked first (``preflight.check``) and
+    they are built there, once. With a checkpoint ``snapshot``, server values are
+    restored before ``configure`` (so ``server.once`` hands back what was computed) and
+    the rest after. ``out`` is the run directory (a disk store keeps client memories
+    under it)."""
+    plugins = plugins if plugins is not None else check(recipe)
+    regs = registries(plugins.available if plugins.custom else None)
     device = resolve_device(recipe.device)
     precision.check(recipe.precision, device)
-    data = build_federated_data(recipe.data, recipe.seed)
-    server = Server(recipe, data, device)
+    dataset = regs.datasets.get(recipe.data.dataset)
+    partitioner = regs.partitioners.get(recipe.data.partition.name)
+    data = build_federated_data(recipe.data, recipe.seed, dataset, partitioner)
+    server = Server(
+        recipe,
+        device,
+        classes=data.train.classes,
+        declared=data.client_sizes(),
+        own_data=data.server_split(),
+    )
     holding = eligible(server)
     if holding is not None and len(holding) < recipe.federation.clients_per_round:
         raise RecipeError(
@@ -105,37 +118,80 @@ def prepare(
     if snapshot is not None:
         server.state, server.tensors = snapshot.server_state, snapshot.server_tensors
     with precision.compute(recipe, device):
-        plugins.call("configure", recipe=recipe, server=server)
+        plugins.call("configure", server=server)
     seed_everything(derive(recipe.seed, "init"))
     models = plugins.call("init_models", server=server)
-    if recipe.channels_last:
-        models = [m.to(memory_format=torch.channels_last) for m in models]
     if not models:
         raise RecipeError(
             "plugins",
             "a plugin that builds the model (implements init_models; see `fedkit plugins`)",
             plugins.names,
         )
-    answers = plugins.call("private_keys", recipe=recipe, model=models[0])
+    if recipe.channels_last:
+        models = [m.to(memory_format=torch.channels_last) for m in models]
+    answers = plugins.call("private_keys", server=server, model=models[0])
     server.set_pool(models, frozenset(k for keys in answers for k in keys or ()))
-    patterns = plugins.call("auxiliary_keys", recipe=recipe)
+    patterns = plugins.call("auxiliary_keys", server=server)
     server.ledger.aux_patterns = tuple(p for found in patterns for p in found or ())
-    kept = kept_keys(plugins, recipe, server)
+    kept = kept_keys(plugins, server)
     available = plugins.available if plugins.custom else None
     setup = ClientSetup(recipe, server.template, server.private, str(device), available, kept)
-    clients = {
-        i: ClientData(i, data.train.subset(tr), data.test.subset(te))
-        for i, (tr, te) in enumerate(zip(data.clients, data.client_tests, strict=True))
-    }
-    store = make_store(recipe.engine, out, len(clients) * kept_bytes(server.template, kept))
-    executor = make_executor(recipe.engine.executor, setup, clients, store)
-    run = Run(recipe, plugins, server, executor)
+    evaluator = Evaluator(recipe, data)
+    population = Population(
+        {i: data.client(i) for i in range(data.num_clients)}, evaluator.benchmark()
+    )
+    store = store_spec(recipe, regs, out, data.num_clients * kept_bytes(server.template, kept))
+    executor = regs.executors.get(recipe.engine.executor)(setup, population, store)
+    run = Run(recipe, plugins, server, executor, evaluator, data)
     if snapshot is not None:
-        snapshot.restore(run)
+        restore(run, snapshot)
     return run
 
 
-def kept_keys(plugins: Plugins, recipe: Recipe, server: Server) -> frozenset[str]:
+def store_spec(recipe: Recipe, regs: Registries, out: Path | None, estimate: int) -> StoreSpec:
+    """The recipe's client store: a registered one, or for ``auto`` ``disk`` when
+    ``estimate`` (bytes every client's kept model keys take) passes
+    ``engine.memory_budget_mb``, else ``memory``. Per-client tensors (``ctx.tensors``) are
+    not in the estimate: name ``disk`` for methods that keep large ones."""
+    engine = recipe.engine
+    kind = engine.store
+    if kind == "auto":
+        kind = "disk" if estimate > engine.memory_budget_mb * 2**20 else "memory"
+    folder = out / MEMORIES if out is not None else None
+    return StoreSpec(regs.stores.get(kind), folder, engine.cache)
+
+
+def restore(run: Run, snapshot: Snapshot) -> None:
+    """A checkpoint's pool, what the server knew of clients, client memories (adopted
+    by the client side), ledger totals and RNG states."""
+    server = run.server
+    server.pool = [snapshot.pool.get(str(i), {}) for i in range(len(server.pool))]
+    for cid, meta in snapshot.sidecar["roster"].items():
+        info = server.roster[int(cid)]
+        info.participations, info.cluster = meta["participations"], meta["cluster"]
+        info.last_round = meta["last_round"]
+    manifest = {int(cid): entry for cid, entry in snapshot.sidecar["clients"].items()}
+    run.executor.adopt(snapshot.root / MEMORIES, manifest)
+    server.ledger.rows.clear()
+    server.ledger.flushed = dict(snapshot.sidecar["ledger"])
+    set_rng_states(snapshot.sidecar["rng"])
+    server.round = snapshot.round
+
+
+def checkpoint_state(run: Run) -> dict[str, Any]:
+    """What a checkpoint keeps of the server side: JSON values (``state.json``) besides
+    the pool and the server's tensors."""
+    server = run.server
+    return {
+        "recipe": run.recipe.model_dump(mode="json"),
+        "server_state": server.state,
+        "roster": {str(c.id): c.meta() for c in server.roster if c.participations},
+        "ledger": server.ledger.flushed,
+        "rng": rng_states(),
+    }
+
+
+def kept_keys(plugins: Plugins, server: Server) -> frozenset[str]:
     """The model keys clients keep between rounds: private ones, those plugins declare in
     ``kept_keys``, and every key when a plugin implements ``update_client`` without
     declaring what it keeps."""
@@ -144,7 +200,7 @@ def kept_keys(plugins: Plugins, recipe: Recipe, server: Server) -> frozenset[str
         hooks = implemented_hooks(obj)
         if "update_client" in hooks and "kept_keys" not in hooks:
             return frozenset(template.state_dict())
-    declared = plugins.call("kept_keys", recipe=recipe, model=template)
+    declared = plugins.call("kept_keys", server=server, model=template)
     return server.private | frozenset(k for keys in declared for k in keys or ())
 
 
@@ -158,16 +214,25 @@ def default_sample(recipe: Recipe, round: int, eligible: list[int] | None = None
 
 
 def eligible(server: Server) -> list[int] | None:
-    """Clients that hold training data, or ``None`` when every client does."""
+    """Clients that declared training data, or ``None`` when every client does."""
     holding = [c.id for c in server.roster if c.num_samples > 0]
     return None if len(holding) == len(server.roster) else holding
+
+
+def rounds(run: Run, done: int = 0, reporter: Reporter = SilentReporter()) -> Iterator[dict]:
+    """Rounds ``done+1 .. federation.rounds``, each row as it finishes: the one loop over
+    rounds (a run directory commits between them, tests collect them)."""
+    for r in range(done + 1, run.recipe.federation.rounds + 1):
+        yield run_round(run, r, reporter)
 
 
 def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> dict[str, Any]:
     """One federated round; returns its metrics row."""
     server, plugins = run.server, run.plugins
     server.round = round
+    server._row = metrics = {"round": round}
     sampled = checked_sample(run, plugins.call("sample_clients", server=server, round=round))
+    server.sampled = metrics["clients"] = sampled
     reporter.round_started(round, sampled)
     results, failures = [], []
     for result in run.executor.run(jobs(run, sampled)):
@@ -182,15 +247,49 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
         uploads[r.cluster].append(Upload(r.client, r.weight, r.upload))
     for cluster, ups in sorted(uploads.items()):
         server.pool[cluster] = update_cluster(run, cluster, ups)
-    metrics: dict[str, Any] = {"round": round, "clients": sampled, **summarise(results)}
+    metrics.update(summarise(results))
     if failures:
         metrics["failures"] = {str(f.client): f"{f.failure}: {f.error}" for f in failures}
     metrics["clusters"] = {str(c.id): c.cluster for c in server.roster if c.cluster is not None}
     metrics["bytes"] = server.ledger.totals(round)
-    plugins.call("round_end", server=server, metrics=metrics)
-    metrics.update(evaluate_round(server, run.executor, plugins, round))
+    plugins.call("round_end", server=server)
+    metrics.update(evaluate_round(run, round))
     plugins.call("round_logged", server=server, metrics=metrics)
     reporter.round_done(round, metrics)
+    return metrics
+
+
+def evaluation_clients(run: Run, round: int) -> list[int]:
+    """The clients that evaluate their personal model this round (``evaluation.clients``)."""
+    n, chosen = len(run.server.roster), run.recipe.evaluation.clients
+    if chosen == "all" or chosen >= n:
+        return list(range(n))
+    rng = np.random.default_rng(derive(run.recipe.seed, "evaluate", round))
+    return sorted(int(c) for c in rng.choice(n, size=chosen, replace=False))
+
+
+def evaluate_round(run: Run, round: int) -> dict[str, Any]:
+    """The evaluator's identity and global scores, every evaluated client's personal
+    model scored on the client, then the server's ``evaluate`` hook (``server.log``)."""
+    server, evaluator, cfg = run.server, run.evaluator, run.recipe.evaluation
+    metrics: dict[str, Any] = evaluator.identity(server.roster, round)
+    if not due(cfg.every, round, run.recipe.federation.rounds):
+        return metrics
+    with precision.compute(run.recipe, server.device), torch.no_grad():
+        metrics.update(evaluator.global_model(server))
+    scores = evaluator.client_scores(len(server.pool))
+    asked = any(
+        {"personal_model", "evaluate_client"} & set(implemented_hooks(o))
+        for o in run.plugins.objects.values()
+    )
+    if scores or asked:
+        offers, asks = read_only(server.pool), []
+        for cid in evaluation_clients(run, round):
+            cluster = server.roster[cid].cluster or 0
+            asks.append(EvalJob(round, cid, cluster, offers[cluster], scores))
+        metrics.update(evaluation_entries(list(run.executor.evaluate(asks))))
+    with precision.compute(run.recipe, server.device), torch.no_grad():
+        run.plugins.call("evaluate", server=server, round=round)
     return metrics
 
 
@@ -274,7 +373,7 @@ def update_cluster(run: Run, cluster: int, uploads: list[Upload]) -> dict[str, T
         mean = weighted_mean([u for u in uploads if key in u.tensors], key)
         state[key] = mean.to(previous[key].dtype) if key in previous else mean
     for key, value in claimed.items():
-        if value is None:
+        if value is DROP:
             state.pop(key, None)
         else:
             state[key] = value.detach().cpu()

@@ -1,14 +1,15 @@
-"""Executors: where and how the sampled clients of a round run.
+"""Executors: where and how the clients of a round run. An executor *is* the client side
+of a simulated federation: it holds every client's data and the store of what each keeps,
+and gives the server only what a client sends (results and scores).
 
-Every executor turns ``ClientJob``s into ``ClientResult``s through a ``Worker`` built from
-the run's ``ClientSetup``, and keeps each client's data and its memory (in a
-``StateStore``). ``sequential`` runs them one after another in this process with one
-worker. ``isolated`` runs each job as a fresh worker process would: client-side plugins
-built anew from the recipe, and setup, job, data, memory and result all crossing a
-pickle boundary, so a plugin that passes state between the sides through ``self``, or a
-client hook that reaches for the server, fails or differs there. ``ray``
-(``fedkit.core.ray_executor``) runs them on long-lived Ray actors. All give bit-identical
-results for correct plugins.
+Every executor turns ``ClientJob``s into ``ClientResult``s and ``EvalJob``s into
+``EvalResult``s through a ``Worker`` built from the run's ``ClientSetup``. ``sequential``
+runs them one after another in this process with one worker. ``isolated`` runs each job
+as a fresh worker process would: client-side plugins built anew from the recipe, and
+setup, job, data, memory and result all crossing a pickle boundary, so a plugin that
+passes state between the sides through ``self``, or a client hook that reaches for the
+server, fails or differs there. ``ray`` (``fedkit.core.ray_executor``) runs them on
+long-lived Ray actors. All give bit-identical results for correct plugins.
 
 A client whose job takes longer than ``federation.client_timeout`` seconds is reported as
 failed (``timeout``); in-process executors can only notice this once it returns.
@@ -18,21 +19,49 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from fedkit.core.faults import InjectedCrash
-from fedkit.core.messages import ClientJob, ClientResult, ClientSetup
-from fedkit.core.worker import Worker
-from fedkit.plugin.context import ClientData
-from fedkit.rundir.store import StateStore
+from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, EvalResult
+from fedkit.core.worker import Benchmark, Worker
+from fedkit.data.federated import ClientData
+from fedkit.rundir.store import ClientMemory, StateStore
+
+
+@dataclass
+class Population:
+    """What a simulation's client side holds besides what clients keep: every client's
+    data, and (only when the recipe scores clients' encoders) the simulation's benchmark
+    sets that each client's encoder is scored on."""
+
+    clients: dict[int, ClientData]
+    benchmark: Benchmark | None = None
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Which client store to build on the client side: a registered factory, the folder
+    it may write in (``None``: a run without a directory) and ``engine.cache``."""
+
+    factory: Callable[[Path | None, int], StateStore]
+    folder: Path | None
+    cache: int
+
+    def make(self) -> StateStore:
+        return self.factory(self.folder, self.cache)
 
 
 class Executor(Protocol):
-    clients: dict[int, ClientData]
-    store: StateStore
+    """The client side of a run, as the engine uses it."""
 
     def run(self, jobs: list[ClientJob]) -> Iterator[ClientResult]: ...
+    def evaluate(self, jobs: list[EvalJob]) -> Iterator[EvalResult]: ...
+    def persist(self, folder: Path) -> dict[int, dict[str, str]]: ...
+    def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None: ...
+    def memory(self, client: int) -> ClientMemory | None: ...
     def close(self) -> None: ...
 
 
@@ -47,8 +76,10 @@ def timed_out(result: ClientResult, seconds: float, limit: float | None) -> Clie
 class SequentialExecutor:
     """Clients one after another, in this process, sharing one worker."""
 
-    def __init__(self, setup: ClientSetup, clients: dict[int, ClientData], store: StateStore):
-        self.setup, self.clients, self.store = setup, clients, store
+    def __init__(self, setup: ClientSetup, population: Population, store: StoreSpec) -> None:
+        self.setup, self.population = setup, population
+        self.clients = population.clients
+        self.store = store.make()
         self.worker = Worker(setup)
         self.timeout = setup.recipe.federation.client_timeout
 
@@ -67,6 +98,28 @@ class SequentialExecutor:
             return self.worker.run_safely(job, data, memory)
         except InjectedCrash as exc:
             return ClientResult.failed(job.client, "crash", str(exc)), None
+
+    def evaluate(self, jobs: list[EvalJob]) -> Iterator[EvalResult]:
+        for job in jobs:
+            memory = self.store.get(job.client)
+            yield self._evaluate(job, memory)
+
+    def _evaluate(self, job: EvalJob, memory: ClientMemory | None) -> EvalResult:
+        data, benchmark = self.clients[job.client], self.population.benchmark
+        return self.worker.evaluate(job, data, memory, benchmark)
+
+    def persist(self, folder: Path) -> dict[int, dict[str, str]]:
+        """Write the memories that changed since the last checkpoint; every client's file
+        name and hash (what a checkpoint records)."""
+        return self.store.persist(folder)
+
+    def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None:
+        """Take the memories a checkpoint names back into the store."""
+        self.store.adopt(folder, files)
+
+    def memory(self, client: int) -> ClientMemory | None:
+        """What a client keeps, for inspection in tests (the engine never asks)."""
+        return self.store.get(client)
 
     def close(self) -> None:
         """Release the store (a temporary disk store removes its folder)."""
@@ -89,14 +142,7 @@ class IsolatedExecutor(SequentialExecutor):
             return ClientResult.failed(job.client, "crash", str(exc)), None
         return _roundtrip(outcome)
 
-
-def make_executor(
-    name: str, setup: ClientSetup, clients: dict[int, ClientData], store: StateStore
-) -> Executor:
-    if name == "ray":
-        from fedkit.core.ray_executor import RayExecutor
-
-        return RayExecutor(setup, clients, store)
-    return {"sequential": SequentialExecutor, "isolated": IsolatedExecutor}[name](
-        setup, clients, store
-    )
+    def _evaluate(self, job: EvalJob, memory: ClientMemory | None) -> EvalResult:
+        sent = (self.setup, job, self.clients[job.client], memory, self.population.benchmark)
+        setup, job, data, memory, benchmark = _roundtrip(sent)
+        return _roundtrip(Worker(setup).evaluate(job, data, memory, benchmark))

@@ -1,8 +1,10 @@
 """What crosses between the server and the clients, as plain picklable records.
 
 An executor hands a ``ClientSetup`` to every place clients run (once per run), then one
-``ClientJob`` per sampled client per round, and gets a ``ClientResult`` back. Nothing
-else crosses: the server is never sent, and clients never see each other.
+``ClientJob`` per sampled client per round, and gets a ``ClientResult`` back; on
+evaluation rounds one ``EvalJob`` per evaluated client, answered by an ``EvalResult``
+(scores only). Nothing else crosses: the server is never sent, clients never see each
+other, and what a client keeps stays with the client.
 """
 
 from __future__ import annotations
@@ -82,6 +84,36 @@ class ClientResult:
     @classmethod
     def failed(cls, client: int, kind: str, error: str, fetched: list[int] = ()) -> ClientResult:
         return cls(client, -1, 0.0, {}, list(fetched), {}, kind, error)
+
+
+@dataclass
+class EvalJob:
+    """One client's evaluation: the round just finished, its cluster (as the server last
+    heard it), the cluster's state, and which scores the evaluator asks of the core's
+    protocol (``scores``: ``accuracy``, ``f1``, ``auroc`` on the client's test set;
+    ``encoder``: the client's encoder on the simulation's benchmark sets)."""
+
+    round: int
+    client: int
+    cluster: int
+    state: Mapping[str, Tensor]
+    scores: tuple[str, ...] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "state": dict(self.state)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({**state, "state": MappingProxyType(state["state"])})
+
+
+@dataclass
+class EvalResult:
+    """A client's scores of its personal model (JSON numbers), or the reason it failed."""
+
+    client: int
+    metrics: dict[str, Any]
+    failure: str | None = None
+    error: str = ""
 
 
 def read_only(states: Sequence[dict[str, Tensor]]) -> tuple[Mapping[str, Tensor], ...]:

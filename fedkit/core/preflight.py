@@ -1,51 +1,38 @@
-"""Checks a validated recipe against what is installed and on disk, before any work.
+"""Everything checked before anything trains, in one place, once per run.
 
-The schema (``fedkit.config.schema``) checks types and ranges; these checks need the outside
-world: installed plugins, timm's model list, partitioners, dataset folders.
+The schema (``fedkit.config.schema``) checks types and ranges; ``check`` adds what needs
+the outside world: the names a recipe uses against what plugins registered (data set,
+partitioner and its parameters, executor, store), timm's model list and the backbone's
+input size, the data set's files, and the plugins themselves, which it builds (with
+their options validated): the ``Plugins`` it returns are the run's server side.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import torch
 
-from fedkit.config.schema import DataConfig, Recipe
-from fedkit.data.datasets import check_dataset_name
-from fedkit.data.partition import partitioner
+from fedkit.config.schema import Recipe
+from fedkit.data.datasets import check_data
+from fedkit.data.partition import check_params
 from fedkit.errors import RecipeError
 from fedkit.models.backbones import check_backbone_name, create_backbone
 from fedkit.plugin.manager import Plugins
+from fedkit.plugin.registry import registries
 
 
-def check_data(recipe: Recipe) -> None:
-    data = recipe.data
-    check_dataset_name(data.dataset)
-    downloads = data.download and data.dataset != "imagefolder"  # a folder cannot be fetched
-    if data.dataset != "digits" and not downloads:
-        if data.root is None:
-            raise RecipeError(
-                "data.root",
-                f"a directory holding the {data.dataset} files",
-                None,
-                hint=_root_hint(data),
-            )
-        if not Path(data.root).expanduser().is_dir():
-            raise RecipeError(
-                "data.root", "an existing directory", data.root, hint=_root_hint(data)
-            )
-    partitioner(data)
-
-
-def _root_hint(data: DataConfig) -> str:
-    """How to get the data when ``data.root`` is missing (docs/data.md has the details)."""
-    if data.dataset == "imagefolder":
-        return (
-            " (a folder with train/<class>/ and test/<class>/ image folders; for CIFAR-10,"
-            " --set data.dataset=cifar10 --set data.download=true fetches torchvision's"
-            " files instead; see docs/data.md)"
+def check_federation(recipe: Recipe) -> None:
+    """The federation section fits the data section, and some plugin is named."""
+    fed = recipe.federation
+    if fed.clients_per_round > recipe.data.num_clients:
+        raise RecipeError(
+            "federation.clients_per_round",
+            f"at most data.num_clients ({recipe.data.num_clients})",
+            fed.clients_per_round,
         )
-    return f" (set data.download: true to fetch {data.dataset} there; see docs/data.md)"
+    if not recipe.plugins:
+        raise RecipeError("plugins", "at least one plugin (see `fedkit plugins`)", [])
 
 
 def check_input_size(recipe: Recipe) -> None:
@@ -64,18 +51,18 @@ def check_input_size(recipe: Recipe) -> None:
         ) from None
 
 
-def check_recipe(recipe: Recipe) -> Plugins:
-    """Every check that needs no training; returns the activated plugins."""
-    fed = recipe.federation
-    if fed.clients_per_round > recipe.data.num_clients:
-        raise RecipeError(
-            "federation.clients_per_round",
-            f"at most data.num_clients ({recipe.data.num_clients})",
-            fed.clients_per_round,
-        )
-    if not recipe.plugins:
-        raise RecipeError("plugins", "at least one plugin (see `fedkit plugins`)", [])
+def check(recipe: Recipe, available: dict[str, Any] | None = None) -> Plugins:
+    """Every check that needs no training; returns the run's server-side plugins.
+    ``available``: the plugins to use instead of the installed ones (tests)."""
+    check_federation(recipe)
+    regs = registries(available)
+    dataset = regs.datasets.get(recipe.data.dataset)
+    partition = recipe.data.partition
+    check_params(partition.name, regs.partitioners.get(partition.name), partition.params)
+    regs.executors.get(recipe.engine.executor)
+    if recipe.engine.store != "auto":
+        regs.stores.get(recipe.engine.store)
     check_backbone_name(recipe.backbone.name)
     check_input_size(recipe)
-    check_data(recipe)
-    return Plugins(recipe)
+    check_data(recipe.data, dataset)
+    return Plugins(recipe, available)

@@ -1,21 +1,26 @@
 """The Ray executor: clients run on long-lived Ray actors, on this machine or a cluster.
 
-Each actor builds one ``Worker`` from the run's ``ClientSetup`` (sent once), limits torch
-to its CPUs and keeps one working model. Every client's data is put in Ray's object store
-once; each round the cluster states are put once and every job refers to them, so a
-round costs one copy of the pool, not one per client. The driver keeps every client's
-memory in its ``StateStore`` and sends a client's memory with its job; the actor sends
-it back with the result, so no node needs a shared filesystem. Jobs go to whichever
-actor is free; results are handed back as they finish and the engine aggregates them in
-client-id order, so a run gives the same numbers as the sequential executor.
+Each worker actor builds one ``Worker`` from the run's ``ClientSetup`` (sent once),
+limits torch to its CPUs and keeps one working model. Every client's data is put in
+Ray's object store once; each round the cluster states are put once and every job refers
+to them, so a round costs one copy of the pool, not one per client.
 
-An actor that dies (a crashed process, a lost node) is replaced and its client retried
-once; a job past ``federation.client_timeout`` is abandoned (its actor replaced) and
-reported as a timeout. The deadline counts from the moment a started actor takes the job:
-an actor's own start (importing torch, building the model) is never charged to a client.
-``engine.address`` joins an existing cluster (``auto``, ``ray://host:port``); without one,
-a local cluster is started with ``workers × num_cpus`` CPUs and shut down when the run
-ends.
+What clients keep never reaches the driver. It lives in a *store actor* (the recipe's
+client store, on the driver's node, so a disk store writes into the run directory): a
+worker actor reads a client's memory from it, and after the client's round stages the
+new memory there; the driver, which receives only the result (upload, metrics), commits
+the staged memory when it accepts the result, so a client that failed or timed out keeps
+what it had. Evaluation jobs run on the worker actors the same way and return scores.
+
+Jobs go to whichever actor is free; results are handed back as they finish and the engine
+aggregates them in client-id order, so a run gives the same numbers as the sequential
+executor. An actor that dies (a crashed process, a lost node) is replaced and its client
+retried once; a job past ``federation.client_timeout`` is abandoned (its actor replaced)
+and reported as a timeout. The deadline counts from the moment a started actor takes the
+job: an actor's own start (importing torch, building the model) is never charged to a
+client. ``engine.address`` joins an existing cluster (``auto``, ``ray://host:port``);
+without one, a local cluster is started with ``workers × num_cpus`` CPUs and shut down
+when the run ends.
 """
 
 from __future__ import annotations
@@ -25,13 +30,22 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from fedkit.core.executor import Population, StoreSpec
 from fedkit.core.faults import InjectedCrash
-from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, read_only
+from fedkit.core.messages import (
+    ClientJob,
+    ClientResult,
+    ClientSetup,
+    EvalJob,
+    EvalResult,
+    read_only,
+)
+from fedkit.core.worker import Worker
 from fedkit.errors import RecipeError
-from fedkit.plugin.context import ClientData, ClientMemory
-from fedkit.rundir.store import StateStore
+from fedkit.rundir.store import ClientMemory
 
 
 def import_ray() -> Any:
@@ -44,25 +58,70 @@ def import_ray() -> Any:
     return ray
 
 
-class ClientActor:
-    """What runs in each Ray actor: a worker and the round's cluster states it was given."""
+Staged = tuple[int, int, int]
+"""A memory waiting for the driver's word: (client, round, attempt)."""
 
-    def __init__(self, setup: ClientSetup, threads: int) -> None:
+
+class StoreActor:
+    """The clients' store, in an actor of its own: what each client keeps, plus memories
+    staged by worker actors until the driver commits or discards them."""
+
+    def __init__(self, spec: StoreSpec) -> None:
+        self.store = spec.make()
+        self.staged: dict[Staged, ClientMemory] = {}
+
+    def get(self, client: int) -> ClientMemory | None:
+        return self.store.get(client)
+
+    def stage(self, key: Staged, memory: ClientMemory) -> None:
+        self.staged[key] = memory
+
+    def commit(self, key: Staged) -> None:
+        self.store.put(key[0], self.staged.pop(key), key[1])
+
+    def discard_staged(self) -> None:
+        self.staged.clear()
+
+    def persist(self, folder: Path) -> dict[int, dict[str, str]]:
+        return self.store.persist(folder)
+
+    def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None:
+        self.store.adopt(folder, files)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class ClientActor:
+    """What runs in each worker actor: a worker, reading and staging memories in the
+    store actor."""
+
+    def __init__(self, setup: ClientSetup, threads: int, store: Any) -> None:
+        import ray
         import torch
 
-        from fedkit.core.worker import Worker
-
         torch.set_num_threads(max(1, threads))
+        self.ray, self.store = ray, store
         self.worker = Worker(setup)
 
-    def run(
-        self, job: ClientJob, offers: list[dict], data: ClientData, memory: ClientMemory | None
-    ) -> tuple[ClientResult, ClientMemory | None]:
+    def run(self, job: ClientJob, offers: list[dict], data: Any) -> tuple[ClientResult, bool]:
+        """One client's round; the new memory is staged in the store (``True``), not
+        returned."""
         job.offers = read_only(offers)
+        memory = self.ray.get(self.store.get.remote(job.client))
         try:
-            return self.worker.run_safely(job, data, memory)
+            result, memory = self.worker.run_safely(job, data, memory)
         except InjectedCrash:
             os._exit(1)  # the fault a crash injects: this worker process dies
+        if result.failure is not None or memory is None:
+            return result, False
+        self.ray.get(self.store.stage.remote((job.client, job.round, job.attempt), memory))
+        return result, True
+
+    def evaluate(self, job: EvalJob, pool: list[dict], data: Any, benchmark: Any) -> EvalResult:
+        job.state = read_only(pool)[job.cluster]
+        memory = self.ray.get(self.store.get.remote(job.client))
+        return self.worker.evaluate(job, data, memory, benchmark)
 
     def pid(self) -> int:
         return os.getpid()
@@ -71,9 +130,10 @@ class ClientActor:
 class RayExecutor:
     """Clients on a pool of Ray actors (see the module docstring)."""
 
-    def __init__(self, setup: ClientSetup, clients: dict[int, ClientData], store: StateStore):
+    def __init__(self, setup: ClientSetup, population: Population, store: StoreSpec) -> None:
         ray = self.ray = import_ray()
-        self.setup, self.clients, self.store = setup, clients, store
+        self.setup = setup
+        clients = population.clients
         cfg = setup.recipe.engine
         self.timeout = setup.recipe.federation.client_timeout
         workers = cfg.workers or max(1, int((os.cpu_count() or 1) // cfg.num_cpus))
@@ -89,14 +149,21 @@ class RayExecutor:
             ray.init(**options)
         if cfg.num_gpus > 0:
             self.setup = setup = dataclasses.replace(setup, device="cuda")
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.store = ray.remote(StoreActor).options(num_cpus=0, scheduling_strategy=here)
+        self.store = self.store.remote(store)
         self.remote = ray.remote(ClientActor).options(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus)
         self.threads = max(1, int(cfg.num_cpus))
         self.setup_ref = ray.put(setup)
         self.data_refs = {cid: ray.put(data) for cid, data in clients.items()}
+        benchmark = population.benchmark
+        self.benchmark_ref = ray.put(benchmark) if benchmark is not None else None
         self.actors = [self._actor() for _ in range(workers)]
 
     def _actor(self) -> Any:
-        return self.remote.remote(self.setup_ref, self.threads)
+        return self.remote.remote(self.setup_ref, self.threads, self.store)
 
     def replace(self, actor: Any, starting: dict[Any, Any]) -> None:
         """Kill an actor (dead or stuck) and start a fresh one in its place; the fresh one
@@ -113,6 +180,7 @@ class RayExecutor:
         ray = self.ray
         if not jobs:
             return
+        ray.get(self.store.discard_staged.remote())
         offers = ray.put([dict(o) for o in jobs[0].offers])
         queue, idle = deque(jobs), []
         starting = {actor.pid.remote(): actor for actor in self.actors}
@@ -122,8 +190,7 @@ class RayExecutor:
                 job, actor = queue.popleft(), idle.pop()
                 sent = ClientJob(job.round, job.client, job.seed, (), job.extra, job.fault)
                 sent.attempt = job.attempt
-                memory = self.store.get(job.client)
-                ref = actor.run.remote(sent, offers, self.data_refs[job.client], memory)
+                ref = actor.run.remote(sent, offers, self.data_refs[job.client])
                 running[ref] = (job, actor, time.monotonic())
             wait = None
             if self.timeout is not None and running:
@@ -140,7 +207,7 @@ class RayExecutor:
                 continue
             job, actor, started = running.pop(ready[0])
             try:
-                result, memory = ray.get(ready[0])
+                result, staged = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
                 self.replace(actor, starting)
                 if job.attempt == 0:
@@ -150,8 +217,8 @@ class RayExecutor:
                 yield ClientResult.failed(job.client, "crash", f"its worker died twice: {exc}")
                 continue
             idle.append(actor)
-            if result.failure is None and memory is not None:
-                self.store.put(job.client, memory, job.round)
+            if result.failure is None and staged:
+                ray.get(self.store.commit.remote((job.client, job.round, job.attempt)))
             yield result
 
     def _abandon_overdue(
@@ -168,14 +235,69 @@ class RayExecutor:
                     f"no answer within federation.client_timeout ({self.timeout:g} s)",
                 )
 
+    def evaluate(self, jobs: list[EvalJob]) -> Iterator[EvalResult]:
+        """Evaluation jobs on whichever actor is free; an actor that dies is replaced and
+        its client's evaluation reported as failed."""
+        ray = self.ray
+        if not jobs:
+            return
+        pool = ray.put([dict(j.state) for j in _by_cluster(jobs)])
+        queue, idle = deque(jobs), []
+        starting = {actor.pid.remote(): actor for actor in self.actors}
+        running: dict[Any, tuple[EvalJob, Any]] = {}
+        while queue or running:
+            while queue and idle:
+                job, actor = queue.popleft(), idle.pop()
+                sent = EvalJob(job.round, job.client, job.cluster, {}, job.scores)
+                data = self.data_refs[job.client]
+                running[actor.evaluate.remote(sent, pool, data, self.benchmark_ref)] = (job, actor)
+            ready, _ = ray.wait([*running, *starting], num_returns=1)
+            if ready[0] in starting:
+                actor = starting.pop(ready[0])
+                ray.get(ready[0])
+                idle.append(actor)
+                continue
+            job, actor = running.pop(ready[0])
+            try:
+                result = ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:
+                self.replace(actor, starting)
+                yield EvalResult(job.client, {}, "crash", f"its worker died: {exc}")
+                continue
+            idle.append(actor)
+            yield result
+
+    def persist(self, folder: Path) -> dict[int, dict[str, str]]:
+        return self.ray.get(self.store.persist.remote(folder))
+
+    def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None:
+        self.ray.get(self.store.adopt.remote(folder, files))
+
+    def memory(self, client: int) -> ClientMemory | None:
+        """What a client keeps, fetched from the store actor for inspection in tests (the
+        engine never asks)."""
+        return self.ray.get(self.store.get.remote(client))
+
     def close(self) -> None:
-        """Stop the actors; shut down the local cluster this executor started."""
+        """Stop the actors and the store; shut down the local cluster this executor started."""
         for actor in self.actors:
             try:
                 self.ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.actors = []
-        self.store.close()
+        try:
+            self.ray.get(self.store.close.remote())
+            self.ray.kill(self.store, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
+
+
+def _by_cluster(jobs: list[EvalJob]) -> list[EvalJob]:
+    """One job per cluster index 0..max (the pool the jobs' states come from)."""
+    found: dict[int, EvalJob] = {}
+    for job in jobs:
+        found.setdefault(job.cluster, job)
+    return [found[c] if c in found else EvalJob(0, -1, c, {}) for c in range(max(found) + 1)]

@@ -1,4 +1,5 @@
-"""Turning what clients report into a round's metrics row.
+"""Turning what clients report into a round's metrics row: their training reports, and
+the scores of their personal models on evaluation rounds.
 
 Every numeric value a client reports (its training loss, extra loss terms, whatever
 ``ctx.log`` or ``after_local_train`` returned) becomes ``train_<name>``: the mean over
@@ -11,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from torch import Tensor
 
-from fedkit.core.messages import ClientResult
+from fedkit.core.messages import ClientResult, EvalResult
 
 
 def plain(value: Any) -> Any:
@@ -46,4 +48,28 @@ def summarise(results: Sequence[ClientResult]) -> dict[str, Any]:
         else:
             row[f"train_{name}"] = sum(v for v, _ in pairs) / len(pairs)
     row["per_client"] = per_client
+    return row
+
+
+def evaluation_entries(results: Sequence[EvalResult]) -> dict[str, Any]:
+    """What clients' evaluations add to a round's row: for every numeric score ``m``,
+    ``personalized_m`` (the mean over the clients that reported it) and ``client_m`` (each
+    client's value), in client-id order; clients whose evaluation failed, under
+    ``eval_failures``."""
+    done = sorted((r for r in results if r.failure is None), key=lambda r: r.client)
+    names: dict[str, None] = {}
+    for r in done:
+        names.update({k: None for k, v in r.metrics.items() if is_number(plain(v))})
+    row: dict[str, Any] = {}
+    for name in names:
+        values = {
+            str(r.client): float(plain(r.metrics[name]))
+            for r in done
+            if is_number(plain(r.metrics.get(name)))
+        }
+        row[f"personalized_{name}"] = float(np.mean(list(values.values())))
+        row[f"client_{name}"] = values
+    failed = sorted((r for r in results if r.failure is not None), key=lambda r: r.client)
+    if failed:
+        row["eval_failures"] = {str(r.client): f"{r.failure}: {r.error}" for r in failed}
     return row

@@ -1,51 +1,51 @@
-"""The run directory: resolved recipe, partition, append-only logs, checkpoints, summary.
+"""A whole run: fresh or resumed, with a run directory or in memory, and the public API
+that does all of it, ``run(recipe)``.
 
-Logs are JSON lines, appended at each checkpoint with the rounds done since the last
-one: ``metrics.jsonl`` (one small row per round), ``clients.jsonl`` (per round: what
-each sampled client reported and the cluster it chose), ``ledger.jsonl`` (bytes per
-round and client) and ``failures.jsonl`` (clients that failed). Every row also goes to a
-copy under ``checkpoints/journal/``. The checkpoint records each log's length and the
-hash of that prefix, so ``fedkit run --resume DIR`` cuts whatever was appended after it,
-rebuilds a damaged or deleted log from its journal copy (and says so), and continues
-exactly where the checkpoint left off. Nothing is rewritten as a run grows.
-
+A run directory holds the resolved recipe, the partition, the append-only logs
+(``fedkit.rundir.journal``), checkpoints (``fedkit.rundir.checkpoint``) and a summary.
 fedkit writes only in a directory it created or found empty, refuses to resume with a
 recipe other than the one the checkpoint was written with (except a longer
 ``federation.rounds`` or other evaluation settings, given with ``--set``), and removes
-only files it wrote.
+only files it wrote. The rounds themselves come from ``fedkit.core.engine.rounds``, the
+one loop over rounds.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-import os
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+from torch import Tensor
 
-from fedkit.config.schema import Recipe, apply_overrides, dump_recipe, load_recipe, validate
-from fedkit.core.engine import Reporter, Run, SilentReporter, prepare, run_round
+from fedkit.config.schema import (
+    Recipe,
+    apply_overrides,
+    dump_recipe,
+    load_raw,
+    load_recipe,
+    validate,
+)
+from fedkit.config.shipped import resolve
+from fedkit.core.engine import Reporter, Run, SilentReporter, checkpoint_state, prepare, rounds
+from fedkit.core.preflight import check
 from fedkit.data.summary import partition_table, save_partition
 from fedkit.errors import FedkitError, RecipeError
+from fedkit.plugin.manager import Plugins
+from fedkit.plugin.registry import discover
 from fedkit.rundir import checkpoint
-from fedkit.rundir.atomic import remove_temporary, write_bytes, write_json, write_text
-from fedkit.rundir.integrity import sha256_file
+from fedkit.rundir.atomic import remove_temporary, write_json, write_text
+from fedkit.rundir.journal import JOURNAL, append_logs, log_states, restore_logs, split_row
 from fedkit.rundir.lock import LOCK
-from fedkit.rundir.logs import (
-    CLIENTS,
-    FAILURES,
-    LEDGER,
-    LOGS,
-    METRICS,
-    RECIPE,
-    read_metrics,
-)
+from fedkit.rundir.logs import CLIENTS, FAILURES, LEDGER, METRICS, RECIPE, read_metrics
+from fedkit.rundir.store import MEMORIES
 
-JOURNAL = Path("checkpoints") / "journal"
-PER_CLIENT = ("per_client", "clusters")
 RESUME_KEYS = ("federation.rounds", "evaluation.")
 """Recipe keys ``--resume`` accepts with ``--set``: a longer run, other evaluation."""
 
@@ -53,82 +53,6 @@ RESUME_KEYS = ("federation.rounds", "evaluation.")
 def default_out(recipe_name: str) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{recipe_name}-{stamp}"
-
-
-def per_client_key(key: str, value: Any) -> bool:
-    """Whether a row entry holds one value per client (it goes to ``clients.jsonl``)."""
-    return key in PER_CLIENT or (key.startswith("client_") and isinstance(value, dict))
-
-
-def split_row(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A round's metrics row without its per-client parts, and those parts: what each
-    sampled client reported, the cluster each chose, per-client evaluation
-    (``client_*``) — so rows stay small however many clients there are."""
-    slim = {k: v for k, v in row.items() if not per_client_key(k, v)}
-    sampled = {str(c) for c in row.get("clients", [])}
-    clusters = {c: k for c, k in row.get("clusters", {}).items() if c in sampled}
-    clients = {k: v for k, v in row.items() if per_client_key(k, v) and k not in PER_CLIENT}
-    per_client = row.get("per_client", {})
-    return slim, {"round": row["round"], "per_client": per_client, "clusters": clusters, **clients}
-
-
-def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Append rows and make them durable (the checkpoint then records the file's length)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        handle.write("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def log_states(out: Path) -> dict[str, dict[str, Any]]:
-    """Each log's length and the SHA-256 of its content (recorded by a checkpoint)."""
-    states = {}
-    for name in LOGS:
-        path = out / name
-        length = path.stat().st_size if path.exists() else 0
-        states[name] = {"length": length, "sha256": sha256_file(path) if length else ""}
-    return states
-
-
-def _intact(path: Path, state: dict[str, Any]) -> bool:
-    length = state["length"]
-    if length == 0:
-        return True
-    return (
-        path.is_file()
-        and path.stat().st_size >= length
-        and sha256_file(path, length) == state["sha256"]
-    )
-
-
-def _cut(path: Path, length: int) -> None:
-    if path.exists() and path.stat().st_size > length:
-        with path.open("r+b") as handle:
-            handle.truncate(length)
-
-
-def restore_logs(out: Path, states: dict[str, dict[str, Any]]) -> list[str]:
-    """Bring every log (and its journal copy) back to what the checkpoint recorded: cut
-    what came after, rebuild a damaged or missing one from the other copy. Returns notes
-    on what was repaired; stops when both copies of a log are damaged."""
-    notes = []
-    for name, state in states.items():
-        main, copy = out / name, out / JOURNAL / name
-        main_ok, copy_ok = _intact(main, state), _intact(copy, state)
-        if not main_ok and not copy_ok:
-            raise FedkitError(
-                f"{main} and its copy {copy} are both damaged or shorter than the checkpoint "
-                f"recorded ({state['length']} bytes); the rows up to the checkpoint are lost"
-            )
-        if not main_ok:
-            write_bytes(main, copy.read_bytes()[: state["length"]])
-            notes.append(f"{name} was damaged or missing; rebuilt from {JOURNAL / name}")
-        elif not copy_ok:
-            write_bytes(copy, main.read_bytes()[: state["length"]])
-        for path in (main, copy):
-            _cut(path, state["length"])
-    return notes
 
 
 def claim(out: Path) -> None:
@@ -148,14 +72,15 @@ def claim(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def start(recipe: Recipe, out: Path) -> Run:
+def start(recipe: Recipe, out: Path, plugins: Plugins | None = None) -> Run:
     """Prepare a fresh run, lay out its directory and write the round-0 checkpoint
-    (refuses a directory that already holds a run or anything else)."""
+    (refuses a directory that already holds a run or anything else). ``plugins``: the
+    ones ``preflight.check`` built for this recipe (built here when not given)."""
     claim(out)
-    run = prepare(recipe, out=out)
+    run = prepare(recipe, plugins, out=out)
     write_text(out / RECIPE, dump_recipe(recipe))
-    save_partition(partition_table(run.server.data), out / "partition.json")
-    checkpoint.save(run, out, 0, log_states(out))
+    save_partition(partition_table(run.data), out / "partition.json")
+    save(run, out, 0)
     return run
 
 
@@ -226,7 +151,7 @@ def resume(out: Path, overrides: list[str] | None = None) -> tuple[Run, int]:
     the returned run) say what was repaired or skipped."""
     if not out.is_dir() or not ((out / RECIPE).is_file() or (out / "checkpoints").is_dir()):
         raise FedkitError(f"{out}: no {RECIPE} here; expected a run directory to resume")
-    for folder in (out, out / "checkpoints", out / JOURNAL, out / checkpoint.CLIENTS):
+    for folder in (out, out / "checkpoints", out / JOURNAL, out / MEMORIES):
         if folder.is_dir():
             remove_temporary(folder)
     snapshot = checkpoint.read(out)
@@ -252,48 +177,60 @@ def resume(out: Path, overrides: list[str] | None = None) -> tuple[Run, int]:
     return run, snapshot.round
 
 
-def write_logs(run: Run, out: Path, rows: list[dict[str, Any]]) -> None:
-    """Append the rounds done since the last checkpoint to the logs and their copies."""
+def save(run: Run, out: Path, round: int) -> None:
+    """The checkpoint after ``round``: the client side persists the memories that changed
+    (it answers with file names and hashes), the server side its pool, tensors and state."""
+    server = run.server
+    checkpoint.save(
+        out,
+        round,
+        pool=server.pool,
+        server_tensors=server.tensors,
+        clients=run.executor.persist(out / MEMORIES),
+        state=checkpoint_state(run),
+        logs=log_states(out),
+        keep=run.recipe.engine.keep_checkpoints,
+    )
+
+
+def commit(run: Run, out: Path, rows: list[dict[str, Any]], round: int) -> None:
+    """Append ``rows`` (the rounds since the last checkpoint) to the logs and their
+    copies, then write the checkpoint after ``round``, which records the logs' lengths
+    and hashes."""
     slim, clients = zip(*(split_row(row) for row in rows), strict=True) if rows else ((), ())
     failed = [
         {"round": row["round"], "client": int(cid), "error": error}
         for row in rows
         for cid, error in row.get("failures", {}).items()
     ]
-    entries = {
-        METRICS: list(slim),
-        CLIENTS: list(clients),
-        LEDGER: run.server.ledger.flush(),
-        FAILURES: failed,
-    }
-    for name, new in entries.items():
-        append_jsonl(out / name, new)
-        append_jsonl(out / JOURNAL / name, new)
-
-
-def commit(run: Run, out: Path, rows: list[dict[str, Any]], round: int) -> None:
-    """Append ``rows`` (the rounds since the last checkpoint) to the logs, then write the
-    checkpoint after ``round``, which records the logs' lengths and hashes."""
-    write_logs(run, out, rows)
-    checkpoint.save(run, out, round, log_states(out))
+    append_logs(
+        out,
+        {
+            METRICS: list(slim),
+            CLIENTS: list(clients),
+            LEDGER: run.server.ledger.flush(),
+            FAILURES: failed,
+        },
+    )
+    save(run, out, round)
 
 
 def execute(run: Run, out: Path, done: int = 0, reporter: Reporter = SilentReporter()) -> dict:
     """Run rounds ``done+1 .. R``, checkpointing as configured; returns the summary."""
-    rounds, every = run.recipe.federation.rounds, run.recipe.engine.checkpoint_every
+    every, total = run.recipe.engine.checkpoint_every, run.recipe.federation.rounds
     began = time.perf_counter()
     pending: list[dict[str, Any]] = []
     last = read_metrics(out)[-1:] if done else []
     try:
-        for r in range(done + 1, rounds + 1):
-            pending.append(run_round(run, r, reporter))
-            if r % every == 0 or r == rounds:
-                commit(run, out, pending, r)
+        for row in rounds(run, done, reporter):
+            pending.append(row)
+            if row["round"] % every == 0 or row["round"] == total:
+                commit(run, out, pending, row["round"])
                 last, pending = [split_row(pending[-1])[0]], []
     finally:
         run.close()
     summary = {
-        "rounds": rounds,
+        "rounds": total,
         "final": last[-1] if last else {},
         "bytes": run.server.ledger.totals(),
         "plugins": run.plugins.names,
@@ -314,3 +251,104 @@ def describe_state(out: Path) -> str | None:
     if done is not None and done < rounds:
         return f"{out} stopped after round {done} of {rounds}; its newest checkpoint is used"
     return None
+
+
+class Loaded:
+    """Stands in for an entry point whose target is already loaded (a class or object)."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def load(self) -> Any:
+        return self.obj
+
+
+@dataclass
+class RunResult:
+    """What ``run`` produced: every round's metrics row of this session, the ledger rows
+    (in memory; with a run directory, read ``ledger.jsonl``), the run itself (closed),
+    the summary and the run directory (``None`` in memory)."""
+
+    rows: list[dict[str, Any]]
+    ledger: list[dict[str, int]]
+    run: Run
+    summary: dict[str, Any] | None = None
+    out: Path | None = None
+
+    @property
+    def pool(self) -> list[dict[str, Tensor]]:
+        """The cluster states after the last round."""
+        return self.run.server.pool
+
+
+def run(
+    recipe: Recipe | Mapping[str, Any] | str | Path,
+    *,
+    out: str | Path | None = None,
+    overrides: list[str] | None = None,
+    plugins: Mapping[str, Any] | None = None,
+    rounds_to_run: int | None = None,
+    reporter: Reporter = SilentReporter(),
+) -> RunResult:
+    """Run a recipe: a ``Recipe``, a mapping, a YAML file or a shipped recipe's name.
+
+    With ``out``, in a new run directory exactly as ``fedkit run`` does (checkpoints,
+    logs, summary); without, in memory. ``overrides``: ``--set``-style ``key=value``
+    items. ``plugins``: name → plugin class (or module) to use besides the installed
+    ones, e.g. one not installed yet. ``rounds_to_run``: stop after that many rounds (in
+    memory only)."""
+    raw = _raw(recipe)
+    apply_overrides(raw, overrides or [])
+    available = {**discover(), **{k: Loaded(v) for k, v in plugins.items()}} if plugins else None
+    parsed = validate(raw)
+    checked = check(parsed, available)
+    if out is not None:
+        if rounds_to_run is not None:
+            raise ValueError("rounds_to_run runs in memory: leave out `out`")
+        target = Path(out)
+        the_run = start(parsed, target, checked)
+        summary = execute(the_run, target, 0, reporter)
+        rows = read_metrics(target)
+        return RunResult(rows, [], the_run, summary, target)
+    the_run = prepare(parsed, checked)
+    try:
+        rows = []
+        for row in rounds(the_run, 0, reporter):
+            rows.append(row)
+            if rounds_to_run is not None and row["round"] >= rounds_to_run:
+                break
+    finally:
+        the_run.close()
+    return RunResult(rows, the_run.server.ledger.to_rows(), the_run)
+
+
+def _raw(recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    if isinstance(recipe, Recipe):
+        return recipe.model_dump(mode="json")
+    if isinstance(recipe, Mapping):
+        return copy.deepcopy(dict(recipe))
+    return load_raw(resolve(str(recipe)))
+
+
+def dry_round(raw: dict[str, Any]) -> None:
+    """One round of a recipe on a few of the embedded digits (the recipe's image size,
+    two clients, small batches): raises what a real run would raise in round 1 — key-claim
+    conflicts, shape mistakes, plugins that cannot work together — in seconds."""
+    raw = {**raw, "data": dict(raw.get("data", {})), "federation": dict(raw.get("federation", {}))}
+    server_share = 0.5 if raw["data"].get("server_fraction") else 0.0  # a few images each
+    raw["data"].update(
+        dataset="digits",
+        root=None,
+        download=False,
+        num_clients=2,
+        server_fraction=server_share,
+        max_train=16,  # a step or two per client
+        max_test=20,
+        partition={"name": "iid"},
+        local_test_size=4,
+    )
+    raw["federation"].update(rounds=1, clients_per_round=2, local_epochs=1, batch_size=4)
+    raw["evaluation"] = {"protocol": "none", "every": 0}
+    raw["engine"] = {"executor": "sequential", "store": "memory"}
+    raw["faults"] = {}
+    run(raw)

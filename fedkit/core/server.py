@@ -1,5 +1,11 @@
-"""The server as server-side hooks see it: the pool, the run's recipe and data, the ledger,
-what it knows of each client, and the values and tensors it keeps (checkpointed)."""
+"""The server as server-side hooks see it: what a real server holds, and nothing else.
+
+The model pool, the recipe, the ledger, what each client declared (``roster``), the
+label space, the server's own data split (when the recipe gives one), and the values and
+tensors plugins keep (checkpointed). No client's data and no client's memory: those stay
+on the client side of the executor, and simulation-only knowledge (every client's test
+set, the true groups) lives in the engine's ``Evaluator``, which no hook receives.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ from torch import Tensor, nn
 
 from fedkit.config.schema import Recipe
 from fedkit.core.ledger import Ledger
-from fedkit.data.federated import FederatedData
+from fedkit.data.datasets import ImageSet
 from fedkit.plugin.keys import parameter_keys
 from fedkit.seeding import isolated_rng
 
@@ -29,8 +35,8 @@ class Upload:
 
 @dataclass
 class ClientInfo:
-    """What the server knows of a client: its id, how many samples it trains on, how
-    often it has reported back, the cluster it last reported and in which round."""
+    """What the server knows of a client: its id, how many samples it declared it trains
+    on, how often it has reported back, the cluster it last reported and in which round."""
 
     id: int
     num_samples: int
@@ -46,19 +52,52 @@ class ClientInfo:
         }
 
 
+ATTRIBUTES = {
+    "recipe": "the validated recipe",
+    "round": "the current round (0 during set-up)",
+    "device": "the `torch.device` the server computes on",
+    "num_classes": "the number of classes of the data set",
+    "classes": "the class names",
+    "own_data": "the server's own split (`data.server_fraction`; an empty `ImageSet` without one)",
+    "roster": "a `ClientInfo` per client: `id`, declared `num_samples`, `participations`, "
+    "last reported `cluster`, `last_round`",
+    "sampled": "the clients of the current round",
+    "pool": "the cluster states, one `{key: tensor}` per cluster (shared keys only)",
+    "template": "the first model `init_models` built (every part, on the CPU)",
+    "private": "the keys that never leave a client",
+    "model_keys": "every key of the template",
+    "parameter_keys": "the template's trainable parameter keys",
+    "model": "`server.model(c)`: a module with cluster `c`'s state loaded",
+    "shared": "`server.shared(state)`: a state's non-private entries, CPU copies",
+    "ledger": "the communication ledger (read it; the core books every transfer)",
+    "state": "JSON values plugins keep (checkpointed)",
+    "tensors": "server-only tensors plugins keep (checkpointed)",
+    "once": "`server.once(name, compute)`: a result computed once per run, kept in checkpoints",
+    "log": "`server.log(name=value)`: add to this round's metrics row",
+}
+"""Every public attribute of ``Server``, as docs/plugins.md documents it."""
+
+REMOVED = {
+    "data": "Server.data is gone (contract v3): a server holds no client data; use "
+    "server.num_classes, server.classes and server.own_data (its own split), and score "
+    "clients' data on the clients (the evaluate_client hook)",
+}
+
+
 class Server:
-    """Holds the pool of cluster states (shared keys only) and run-wide context.
+    """What server-side hooks receive (see the module docstring and ``ATTRIBUTES``)."""
 
-    ``state`` (JSON values) and ``tensors`` (server-only tensors: optimiser moments, a
-    pre-trained encoder) belong to plugins and are checkpointed; ``once`` keeps results
-    that are computed a single time. ``roster`` is what the server knows of every client.
-    ``data`` holds the whole federated data set, for server-side splits (``data.server``,
-    the unlabelled public split), class counts and evaluation; client data never reaches
-    a server-side hook through the protocol.
-    """
-
-    def __init__(self, recipe: Recipe, data: FederatedData, device: torch.device) -> None:
-        self.recipe, self.data, self.device = recipe, data, device
+    def __init__(
+        self,
+        recipe: Recipe,
+        device: torch.device,
+        *,
+        classes: list[str],
+        declared: list[int],
+        own_data: ImageSet,
+    ) -> None:
+        self.recipe, self.device = recipe, device
+        self.classes, self.own_data = list(classes), own_data
         self.ledger = Ledger()
         self.pool: list[dict[str, Tensor]] = []
         self.template: nn.ModuleDict | None = None
@@ -66,10 +105,25 @@ class Server:
         self.state: dict[str, Any] = {}
         self.tensors: dict[str, Tensor] = {}
         self.round = 0
-        self.roster = [ClientInfo(i, int(n)) for i, n in enumerate(data.client_sizes())]
+        self.sampled: list[int] = []
+        self.roster = [ClientInfo(i, int(n)) for i, n in enumerate(declared)]
+        self._row: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name in REMOVED:
+            raise AttributeError(REMOVED[name])
+        raise AttributeError(f"Server has no {name!r} (it has {', '.join(ATTRIBUTES)})")
 
     def __getstate__(self) -> None:
         raise TypeError("the Server never travels to clients; send tensors through the core")
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def log(self, **values: Any) -> None:
+        """Add entries to this round's metrics row (JSON values, deterministic)."""
+        self._row.update(values)
 
     def set_pool(self, models: list[nn.ModuleDict], private: frozenset[str]) -> None:
         """Install the initial pool: the shared keys of each model; the first is the template."""

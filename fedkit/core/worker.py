@@ -6,7 +6,11 @@ client-side plugin instances and one working model, and turns a ``ClientJob`` pl
 client's data and memory into a ``ClientResult``:
 
 select_cluster → update_client → local_train | local_objective + fit →
-after_local_train → upload_selection → process_upload.
+after_local_train → upload_selection → process_upload,
+
+and an ``EvalJob`` plus the same into an ``EvalResult``: the client's personal model
+(``personal_model``), scored by the core's protocol and by ``evaluate_client``, on the
+client. Only scores leave it.
 
 ``run_safely`` turns a client's failure (an exception in its hooks, a non-finite value
 in its upload, an injected fault) into a failed result: failures are data, the round
@@ -25,15 +29,23 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedkit.core.faults import InjectedCrash, InjectedFault
-from fedkit.core.messages import ClientJob, ClientResult, ClientSetup
+from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, EvalResult
+from fedkit.data.datasets import ImageSet
+from fedkit.data.federated import ClientData
 from fedkit.errors import FedkitError, PluginError, RecipeError
-from fedkit.plugin.context import ClientContext, ClientData, ClientMemory, ModelKeys
+from fedkit.evaluation.scoring import score_encoder, supervised_scores
+from fedkit.plugin.context import ClientContext, ModelKeys
 from fedkit.plugin.hookspecs import CLIENT
 from fedkit.plugin.keys import parameter_keys
 from fedkit.plugin.manager import Plugins
-from fedkit.seeding import seed_everything
+from fedkit.plugin.markers import DROP
+from fedkit.rundir.store import ClientMemory
+from fedkit.seeding import derive, seed_everything
 from fedkit.training import precision
 from fedkit.training.loop import NonFiniteLoss
+
+Benchmark = tuple[ImageSet, ImageSet]
+"""The simulation's sets a client's encoder is scored on (train, test), when asked."""
 
 
 def _detached(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -104,18 +116,31 @@ class Worker:
             for dst, src in pairs:
                 dst.copy_(src)
 
-    def context(self, job: ClientJob, data: ClientData, memory: ClientMemory) -> ClientContext:
-        """The client context of a job (seeds the global RNGs for the client's round)."""
+    def context(
+        self,
+        round: int,
+        data: ClientData,
+        memory: ClientMemory,
+        rng: torch.Generator,
+        offers: Any = (),
+        received: dict[str, Tensor] | None = None,
+    ) -> ClientContext:
+        """The client context of a job: the client's data, what it keeps, what it got."""
         return ClientContext(
-            data,
-            memory,
+            data.id,
+            data.train,
+            data.test,
             recipe=self.setup.recipe,
-            round=job.round,
+            round=round,
             device=self.device,
-            rng=seed_everything(job.seed),
+            rng=rng,
             keys=self.keys,
-            offers=job.offers,
-            received=job.extra,
+            state=memory.state,
+            tensors=memory.tensors,
+            participations=memory.participations,
+            cluster=memory.cluster,
+            offers=offers,
+            received=received,
             plugins=self.plugins,
         )
 
@@ -125,7 +150,9 @@ class Worker:
         """One client's round; returns its result and its memory for the next round."""
         memory = copy.copy(memory) if memory is not None else ClientMemory()
         memory.state, memory.tensors = copy.deepcopy(memory.state), dict(memory.tensors)
-        ctx = self.context(job, data, memory)
+        ctx = self.context(
+            job.round, data, memory, seed_everything(job.seed), job.offers, job.extra
+        )
         self.act_out(job)
         plugins, model = self.plugins, self.model
         cluster = plugins.call("select_cluster", ctx=ctx, model=model)
@@ -138,14 +165,13 @@ class Worker:
         merged = {**local, **ctx.received, **claimed}
         self.load({k: merged[k] for k in local})
         before = _detached(model.state_dict()) if self._wants_before else {}
-        stats = self.train(ctx)
-        for extra in plugins.call("after_local_train", ctx=ctx, model=model, before=before):
-            stats.update(extra or {})
+        self.train(ctx)
+        plugins.call("after_local_train", ctx=ctx, model=model, before=before)
         after = _detached(model.state_dict())
         chosen = plugins.claims("upload_selection", ctx=ctx, local=after, model=model)
         upload = {k: v for k, v in after.items() if k not in self.keys.private}
         upload.update(chosen)
-        upload = {k: v.detach().cpu() for k, v in upload.items() if v is not None}
+        upload = {k: v.detach().cpu() for k, v in upload.items() if v is not DROP}
         upload = plugins.chain("process_upload", "upload", ctx=ctx, upload=upload)
         if job.fault == "nan":
             upload = poisoned(upload)
@@ -153,9 +179,8 @@ class Worker:
         memory.state, memory.tensors = ctx.state, ctx.tensors
         memory.participations += 1
         memory.cluster = ctx.cluster
-        metrics: dict[str, Any] = {**ctx.logged, **stats}
         result = ClientResult(
-            data.id, ctx.cluster, float(len(data.train)), upload, ctx.fetched, metrics
+            data.id, ctx.cluster, float(len(data.train)), upload, ctx.fetched, ctx.logged
         )
         return result, memory
 
@@ -192,19 +217,75 @@ class Worker:
             return ClientResult.failed(job.client, "non-finite", error, result.fetched), None
         return result, memory
 
-    def train(self, ctx: ClientContext) -> dict[str, Any]:
+    def train(self, ctx: ClientContext) -> None:
         """The plugin's own loop (``local_train``), else the core fit loop on its objective."""
-        stats = self.plugins.call("local_train", ctx=ctx, model=self.model)
-        if stats is None:
-            objective = self.plugins.call("local_objective", ctx=ctx, model=self.model)
-            if objective is None:
-                raise RecipeError(
-                    "plugins",
-                    "a plugin that trains clients (implements local_objective or local_train)",
-                    self.plugins.names,
-                )
-            stats = ctx.fit(self.model, objective)
-        return dict(stats)
+        if self.plugins.call("local_train", ctx=ctx, model=self.model) is not None:
+            return
+        objective = self.plugins.call("local_objective", ctx=ctx, model=self.model)
+        if objective is None:
+            raise RecipeError(
+                "plugins",
+                "a plugin that trains clients (implements local_objective or local_train)",
+                self.plugins.names,
+            )
+        ctx.fit(self.model, objective)
+
+    def personal_state(self, job: EvalJob, memory: ClientMemory | None) -> dict[str, Tensor]:
+        """A client's default personal model: its cluster's state with its own values of
+        the private keys (the template's before it first trained)."""
+        own = memory.model if memory is not None and memory.model is not None else None
+        state = dict(self.template_state)
+        state.update({k: v for k, v in job.state.items() if k in state})
+        if own is not None:
+            state.update({k: own[k] for k in self.keys.private})
+        return state
+
+    @torch.no_grad()
+    def evaluate(
+        self,
+        job: EvalJob,
+        data: ClientData,
+        memory: ClientMemory | None,
+        benchmark: Benchmark | None = None,
+    ) -> EvalResult:
+        """Score a client's personal model on the client: the core's scores (``job.scores``),
+        then every plugin's ``evaluate_client``. What the client keeps is not changed."""
+        recipe = self.setup.recipe
+        kept = memory if memory is not None else ClientMemory()
+        copy_of = ClientMemory(
+            kept.model, dict(kept.tensors), copy.deepcopy(kept.state), kept.participations
+        )
+        copy_of.cluster = kept.cluster
+        rng = torch.Generator().manual_seed(derive(recipe.seed, "evaluate", job.round, data.id))
+        ctx = self.context(job.round, data, copy_of, rng, received=dict(job.state))
+        try:
+            with precision.compute(recipe, self.device):
+                self.load(self.personal_state(job, memory))
+                model = self.model.eval()
+                chosen = self.plugins.call("personal_model", ctx=ctx, model=model)
+                model = (chosen if chosen is not None else model).eval()
+                scores = supervised_scores(model, data.test, self.device, job.scores)
+                trained = kept.model is not None
+                if "encoder" in job.scores and trained and benchmark is not None:
+                    cfg = recipe.evaluation
+                    with torch.enable_grad():
+                        scores.update(
+                            score_encoder(
+                                model["encoder"],
+                                *benchmark,
+                                cfg.protocol,
+                                cfg,
+                                recipe.seed,
+                                self.device,
+                            )
+                        )
+                self.plugins.call("evaluate_client", ctx=ctx, model=model)
+        except FedkitError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a client's failure is data
+            error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
+            return EvalResult(data.id, {}, "exception", error)
+        return EvalResult(data.id, {**scores, **ctx.logged})
 
 
 def poisoned(upload: dict[str, Tensor]) -> dict[str, Tensor]:

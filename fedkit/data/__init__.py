@@ -1,23 +1,32 @@
-"""Data: in-memory image sets, partitioners and the federated split of a data set."""
+"""Data: in-memory image sets, data-set loaders, partitioners and the federated split."""
 
-from fedkit.data.datasets import DATASETS, ImageSet, balanced_subset, load_split, load_splits
-from fedkit.data.federated import FederatedData, build_federated_data, split_federated
-from fedkit.data.partition import PARTITIONERS, Partition, partition, register_partitioner
+from fedkit.data.datasets import (
+    Dataset,
+    ImageSet,
+    RawImages,
+    balanced_subset,
+    check_data,
+    load_split,
+    load_splits,
+)
+from fedkit.data.federated import ClientData, FederatedData, build_federated_data, split_federated
+from fedkit.data.partition import Partition, partition
 from fedkit.data.summary import partition_table, render_partition, save_partition
 
 __all__ = [
-    "DATASETS",
-    "PARTITIONERS",
+    "ClientData",
+    "Dataset",
     "FederatedData",
     "ImageSet",
     "Partition",
+    "RawImages",
     "balanced_subset",
     "build_federated_data",
+    "check_data",
     "load_split",
     "load_splits",
     "partition",
     "partition_table",
-    "register_partitioner",
     "render_partition",
     "save_partition",
     "split_federated",

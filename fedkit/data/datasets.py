@@ -3,6 +3,8 @@
 Federated runs index the same images many times per round, so every split is decoded
 once into an ``N×3×H×W`` uint8 tensor (4× smaller than float) and normalised per batch.
 Grayscale sets are replicated to three channels so any backbone fits every data set.
+Data sets are found by name among what plugins register (``register_datasets``); the
+loaders below are fedkit's own, registered by its ``datasets`` plugin.
 """
 
 from __future__ import annotations
@@ -20,20 +22,8 @@ from PIL import Image
 
 from fedkit.config.schema import DataConfig
 from fedkit.data.normalization import standardize
-from fedkit.errors import RecipeError, did_you_mean
+from fedkit.errors import RecipeError
 
-DATASETS = (
-    "digits",
-    "cifar10",
-    "cifar100",
-    "stl10",
-    "mnist",
-    "emnist",
-    "fashion_mnist",
-    "svhn",
-    "imagefolder",
-)
-SPLITS = ("train", "test", "unlabeled")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 STL10_CLASSES = "airplane bird car cat deer dog horse monkey ship truck".split()
 _RESIZE_CHUNK = 4096
@@ -83,34 +73,70 @@ def _index(idx) -> torch.Tensor:
 
 
 @dataclass
-class _Raw:
+class RawImages:
+    """What a data set's loader returns for one split: uint8 images (``N×3×H×W``, or
+    ``N×H×W`` grayscale), int64 labels and the class names."""
+
     images: torch.Tensor
     labels: torch.Tensor
     classes: list[str]
 
 
-def load_split(cfg: DataConfig, split: str) -> ImageSet:
-    """Load one split ("train", "test"; "unlabeled" for stl10) of ``cfg.dataset``.
+@dataclass(frozen=True)
+class Dataset:
+    """A registered data set (the ``register_datasets`` hook): ``load(cfg, split, limit)``
+    returns ``RawImages``; ``needs_root``: ``data.root`` must name a directory;
+    ``download``: ``data.download: true`` may fetch the files into it; ``splits`` it has;
+    ``root_hint``: how to get the files, for the error when they are missing."""
+
+    load: Callable[[DataConfig, str, int | None], RawImages]
+    needs_root: bool = True
+    download: bool = False
+    splits: tuple[str, ...] = ("train", "test")
+    root_hint: str = ""
+
+
+def load_split(cfg: DataConfig, split: str, dataset: Dataset) -> ImageSet:
+    """Load one split of ``dataset`` for the recipe section ``cfg``.
 
     Normalisation stats always come from the train split, so train and test of one data
     set are normalised identically; loading "test" alone therefore also reads the train
     split (use ``load_splits`` to read both once).
     """
-    check_dataset_name(cfg.dataset)
-    if split not in _splits_of(cfg.dataset):
-        raise ValueError(f"split must be one of {_splits_of(cfg.dataset)}, not {split!r}")
-    train = _load_limited(cfg, "train")
+    if split not in dataset.splits:
+        raise ValueError(f"split must be one of {dataset.splits}, not {split!r}")
+    train = _load_limited(cfg, "train", dataset)
     if split == "train":
         return _with_stats(train, _stats(train))
-    return _with_stats(_load_limited(cfg, split), _stats(train))
+    return _with_stats(_load_limited(cfg, split, dataset), _stats(train))
 
 
-def load_splits(cfg: DataConfig) -> tuple[ImageSet, ImageSet]:
-    """Load the train and test splits of ``cfg.dataset`` with the train split's stats."""
-    check_dataset_name(cfg.dataset)
-    train = _load_limited(cfg, "train")
+def load_splits(cfg: DataConfig, dataset: Dataset) -> tuple[ImageSet, ImageSet]:
+    """Load the train and test splits of ``dataset`` with the train split's stats."""
+    train = _load_limited(cfg, "train", dataset)
     stats = _stats(train)
-    return _with_stats(train, stats), _with_stats(_load_limited(cfg, "test"), stats)
+    return _with_stats(train, stats), _with_stats(_load_limited(cfg, "test", dataset), stats)
+
+
+def check_data(cfg: DataConfig, dataset: Dataset) -> None:
+    """The files a recipe's data section needs are where it says (before any work)."""
+    if not dataset.needs_root or (dataset.download and cfg.download):
+        return
+    if cfg.root is None:
+        expected = f"a directory holding the {cfg.dataset} files"
+        raise RecipeError("data.root", expected, None, hint=_root_hint(cfg, dataset))
+    if not Path(cfg.root).expanduser().is_dir():
+        raise RecipeError(
+            "data.root", "an existing directory", cfg.root, hint=_root_hint(cfg, dataset)
+        )
+
+
+def _root_hint(cfg: DataConfig, dataset: Dataset) -> str:
+    if dataset.root_hint:
+        return f" ({dataset.root_hint})"
+    if dataset.download:
+        return f" (set data.download: true to fetch {cfg.dataset} there; see docs/data.md)"
+    return " (see docs/data.md)"
 
 
 def balanced_subset(labels: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
@@ -133,34 +159,20 @@ def balanced_subset(labels: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     return np.sort(picked)
 
 
-def check_dataset_name(name: str) -> None:
-    """Raise a ``RecipeError`` (with a did-you-mean) for an unknown dataset name."""
-    if name not in DATASETS:
-        raise RecipeError(
-            "data.dataset",
-            "one of " + ", ".join(DATASETS),
-            name,
-            hint=did_you_mean(name, DATASETS),
-        )
-
-
-def _splits_of(name: str) -> tuple[str, ...]:
-    return SPLITS if name == "stl10" else SPLITS[:2]
-
-
-def _load_limited(cfg: DataConfig, split: str) -> _Raw:
-    """Load a split, keeping a class-balanced subset when ``max_train``/``max_test`` is set."""
+def _load_limited(cfg: DataConfig, split: str, dataset: Dataset) -> RawImages:
+    """Load a split, keeping a class-balanced subset when ``max_train``/``max_test`` is
+    set, as RGB images of ``cfg.image_size``."""
     limit = cfg.max_test if split == "test" else cfg.max_train
-    if cfg.dataset == "imagefolder":
-        return _load_imagefolder(cfg, split, limit)
-    raw = _LOADERS[cfg.dataset](cfg, split)
-    if limit is not None and limit < len(raw.labels):
-        keep = torch.from_numpy(balanced_subset(raw.labels.numpy(), limit))
-        raw = _Raw(raw.images[keep], raw.labels[keep], raw.classes)
-    return _Raw(_resize(raw.images, cfg.image_size), raw.labels, raw.classes)
+    raw = dataset.load(cfg, split, limit)
+    images, labels = raw.images, raw.labels
+    if limit is not None and limit < len(labels):
+        keep = torch.from_numpy(balanced_subset(labels.numpy(), limit))
+        images, labels = images[keep], labels[keep]
+    images = _to_rgb(images) if images.dim() == 3 else images
+    return RawImages(_resize(images, cfg.image_size), labels, raw.classes)
 
 
-def _stats(raw: _Raw) -> Stats:
+def _stats(raw: RawImages) -> Stats:
     """Per-channel mean and std on the 0..1 scale, from exact value histograms."""
     values = torch.arange(256, dtype=torch.float64) / 255.0
     mean, std = [], []
@@ -173,7 +185,7 @@ def _stats(raw: _Raw) -> Stats:
     return (mean[0], mean[1], mean[2]), (std[0], std[1], std[2])
 
 
-def _with_stats(raw: _Raw, stats: Stats) -> ImageSet:
+def _with_stats(raw: RawImages, stats: Stats) -> ImageSet:
     return ImageSet(raw.images, raw.labels, raw.classes, *stats)
 
 
@@ -196,7 +208,7 @@ def _to_rgb(images: torch.Tensor) -> torch.Tensor:
     return images.unsqueeze(1).expand(-1, 3, -1, -1).contiguous()
 
 
-def _load_digits(cfg: DataConfig, split: str) -> _Raw:
+def load_digits(cfg: DataConfig, split: str, limit: int | None = None) -> RawImages:
     """scikit-learn's bundled 8×8 digits, split 80/20 stratified with seed 0."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -209,7 +221,7 @@ def _load_digits(cfg: DataConfig, split: str) -> _Raw:
     )
     idx = torch.from_numpy(np.sort(train_idx if split == "train" else test_idx))
     classes = [str(c) for c in bunch.target_names]
-    return _Raw(_to_rgb(images[idx]), torch.from_numpy(labels)[idx], classes)
+    return RawImages(images[idx], torch.from_numpy(labels)[idx], classes)
 
 
 def _torchvision(cfg: DataConfig, factory: Callable[[str], Any]) -> Any:
@@ -233,32 +245,36 @@ def _torchvision(cfg: DataConfig, factory: Callable[[str], Any]) -> Any:
         ) from None
 
 
-def _load_cifar(cfg: DataConfig, split: str) -> _Raw:
+def load_cifar(cfg: DataConfig, split: str, limit: int | None = None) -> RawImages:
+    """torchvision's CIFAR-10 or CIFAR-100 (by ``cfg.dataset``) from ``cfg.root``."""
     from torchvision import datasets
 
     cls = datasets.CIFAR10 if cfg.dataset == "cifar10" else datasets.CIFAR100
     ds = _torchvision(cfg, lambda root: cls(root, train=split == "train", download=cfg.download))
     images = torch.from_numpy(ds.data).permute(0, 3, 1, 2)
-    return _Raw(images, torch.as_tensor(ds.targets, dtype=torch.int64), list(ds.classes))
+    return RawImages(images, torch.as_tensor(ds.targets, dtype=torch.int64), list(ds.classes))
 
 
-def _load_stl10(cfg: DataConfig, split: str) -> _Raw:
+def load_stl10(cfg: DataConfig, split: str, limit: int | None = None) -> RawImages:
+    """torchvision's STL-10 (train, test, unlabeled) from ``cfg.root``."""
     from torchvision import datasets
 
     ds = _torchvision(cfg, lambda root: datasets.STL10(root, split=split, download=cfg.download))
     classes = list(getattr(ds, "classes", STL10_CLASSES))
-    return _Raw(torch.from_numpy(ds.data), torch.from_numpy(ds.labels.astype(np.int64)), classes)
+    labels = torch.from_numpy(ds.labels.astype(np.int64))
+    return RawImages(torch.from_numpy(ds.data), labels, classes)
 
 
-def _load_svhn(cfg: DataConfig, split: str) -> _Raw:
+def load_svhn(cfg: DataConfig, split: str, limit: int | None = None) -> RawImages:
+    """torchvision's SVHN from ``cfg.root``."""
     from torchvision import datasets
 
     ds = _torchvision(cfg, lambda root: datasets.SVHN(root, split=split, download=cfg.download))
     labels = torch.from_numpy(ds.labels.astype(np.int64))
-    return _Raw(torch.from_numpy(ds.data), labels, [str(c) for c in range(10)])
+    return RawImages(torch.from_numpy(ds.data), labels, [str(c) for c in range(10)])
 
 
-def _load_mnist_like(cfg: DataConfig, split: str) -> _Raw:
+def load_mnist_like(cfg: DataConfig, split: str, limit: int | None = None) -> RawImages:
     """MNIST, Fashion-MNIST and EMNIST (balanced; stored transposed, so turned upright)."""
     from torchvision import datasets
 
@@ -275,19 +291,7 @@ def _load_mnist_like(cfg: DataConfig, split: str) -> _Raw:
         cls = datasets.MNIST if cfg.dataset == "mnist" else datasets.FashionMNIST
         ds = _torchvision(cfg, lambda root: cls(root, train=train, download=cfg.download))
         images = ds.data
-    return _Raw(_to_rgb(images), ds.targets.to(torch.int64), list(ds.classes))
-
-
-_LOADERS: dict[str, Callable[[DataConfig, str], _Raw]] = {
-    "digits": _load_digits,
-    "cifar10": _load_cifar,
-    "cifar100": _load_cifar,
-    "stl10": _load_stl10,
-    "mnist": _load_mnist_like,
-    "emnist": _load_mnist_like,
-    "fashion_mnist": _load_mnist_like,
-    "svhn": _load_svhn,
-}
+    return RawImages(images, ds.targets.to(torch.int64), list(ds.classes))
 
 
 def _folder_split(cfg: DataConfig, split: str) -> Path:
@@ -340,7 +344,7 @@ def _read_image(path: str, size: int) -> np.ndarray:
         return np.asarray(image)
 
 
-def _load_imagefolder(cfg: DataConfig, split: str, limit: int | None) -> _Raw:
+def load_imagefolder(cfg: DataConfig, split: str, limit: int | None = None) -> RawImages:
     """Decode an ImageFolder split into memory; classes are the train split's folders.
 
     The subset for ``limit`` is chosen from the file list, so only kept files are decoded.
@@ -369,4 +373,4 @@ def _load_imagefolder(cfg: DataConfig, split: str, limit: int | None) -> _Raw:
         except OSError as exc:
             raise RecipeError("data.root", "readable image files", path, hint=f" ({exc})") from None
     tensor = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
-    return _Raw(tensor, torch.from_numpy(labels), classes)
+    return RawImages(tensor, torch.from_numpy(labels), classes)

@@ -12,9 +12,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedkit.config.schema import DataConfig
-from fedkit.data.datasets import ImageSet, load_splits
-from fedkit.data.partition import partition
+from fedkit.data.datasets import Dataset, ImageSet, load_splits
+from fedkit.data.partition import Partitioner, partition
 from fedkit.errors import RecipeError
+
+
+@dataclass
+class ClientData:
+    """A client's private data: its training set and its local test set."""
+
+    id: int
+    train: ImageSet
+    test: ImageSet
 
 
 @dataclass
@@ -39,14 +48,28 @@ class FederatedData:
     def client_sizes(self) -> list[int]:
         return [len(c) for c in self.clients]
 
+    def client(self, cid: int) -> ClientData:
+        """Client ``cid``'s own data (copies of its images)."""
+        return ClientData(
+            cid, self.train.subset(self.clients[cid]), self.test.subset(self.client_tests[cid])
+        )
 
-def build_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
-    """Load ``cfg.dataset``, hold out the server split, partition, draw local test sets."""
-    train, test = load_splits(cfg)
-    return split_federated(train, test, cfg, seed)
+    def server_split(self) -> ImageSet:
+        """The server's own split (copies; empty without ``data.server_fraction``)."""
+        return self.train.subset(self.server)
 
 
-def split_federated(train: ImageSet, test: ImageSet, cfg: DataConfig, seed: int) -> FederatedData:
+def build_federated_data(
+    cfg: DataConfig, seed: int, dataset: Dataset, partitioner: Partitioner
+) -> FederatedData:
+    """Load the data set, hold out the server split, partition, draw local test sets."""
+    train, test = load_splits(cfg, dataset)
+    return split_federated(train, test, cfg, seed, partitioner)
+
+
+def split_federated(
+    train: ImageSet, test: ImageSet, cfg: DataConfig, seed: int, partitioner: Partitioner
+) -> FederatedData:
     """The federated layout over already loaded sets (deterministic from ``seed``)."""
     server_rng, partition_rng, test_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
@@ -61,7 +84,7 @@ def split_federated(train: ImageSet, test: ImageSet, cfg: DataConfig, seed: int)
             f"at most {len(rest)} (the train images left for clients after the server split)",
             cfg.num_clients,
         )
-    split = partition(labels[rest], cfg, partition_rng)
+    split = partition(labels[rest], cfg, partition_rng, partitioner)
     clients = [rest[c] for c in split.clients]
     test_labels = test.labels.numpy()
     client_tests = [

@@ -1,7 +1,8 @@
 """Partitioners: how a labelled train set is split among federated clients.
 
-Each partitioner is ``fn(labels, num_clients, rng, **params) -> Partition`` and is found
-by name in ``PARTITIONERS``; a recipe names one under ``data.partition`` with its
+Each partitioner is ``fn(labels, num_clients, rng, **params) -> Partition``, registered
+under a name by a plugin (``register_partitioners``; the ones below by fedkit's
+``partitioners`` plugin); a recipe names one under ``data.partition`` with its
 parameters, which are checked against the function's signature before it runs.
 """
 
@@ -33,22 +34,14 @@ class Partition:
 
 
 Partitioner = Callable[..., Partition]
-PARTITIONERS: dict[str, Partitioner] = {}
 
 
-def register_partitioner(name: str) -> Callable[[Partitioner], Partitioner]:
-    """Register ``fn(labels, num_clients, rng, **params) -> Partition`` under ``name``."""
-
-    def decorate(fn: Partitioner) -> Partitioner:
-        PARTITIONERS[name] = fn
-        return fn
-
-    return decorate
-
-
-def partition(labels: np.ndarray, cfg: DataConfig, rng: np.random.Generator) -> Partition:
-    """Split ``labels`` among ``cfg.num_clients`` with the partitioner ``cfg.partition``."""
-    fn = partitioner(cfg)
+def partition(
+    labels: np.ndarray, cfg: DataConfig, rng: np.random.Generator, fn: Partitioner
+) -> Partition:
+    """Split ``labels`` among ``cfg.num_clients`` with the partitioner ``fn`` (the one
+    ``cfg.partition.name`` names), after checking its parameters."""
+    check_params(cfg.partition.name, fn, cfg.partition.params)
     params = cfg.partition.params
     labels = np.asarray(labels)
     if cfg.num_clients > len(labels):
@@ -58,21 +51,6 @@ def partition(labels: np.ndarray, cfg: DataConfig, rng: np.random.Generator) -> 
             cfg.num_clients,
         )
     return fn(labels, cfg.num_clients, rng, **params)
-
-
-def partitioner(cfg: DataConfig) -> Partitioner:
-    """The partitioner a recipe names, after checking its name and parameters."""
-    name = cfg.partition.name
-    if name not in PARTITIONERS:
-        raise RecipeError(
-            "data.partition.name",
-            "one of " + ", ".join(sorted(PARTITIONERS)),
-            name,
-            hint=did_you_mean(name, PARTITIONERS),
-        )
-    fn = PARTITIONERS[name]
-    check_params(name, fn, cfg.partition.params)
-    return fn
 
 
 def parameters_of(fn: Partitioner) -> dict[str, inspect.Parameter]:
@@ -115,13 +93,11 @@ def _finish(chunks: Sequence[np.ndarray], **extra: Any) -> Partition:
     return Partition(clients, **extra)
 
 
-@register_partitioner("iid")
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> Partition:
     """Shuffle and split evenly: client sizes differ by at most one."""
     return _finish(np.array_split(rng.permutation(len(labels)), num_clients))
 
 
-@register_partitioner("dirichlet")
 def dirichlet(
     labels: np.ndarray,
     num_clients: int,
@@ -157,7 +133,6 @@ def dirichlet(
     )
 
 
-@register_partitioner("classes_per_client")
 def classes_per_client(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, k: int
 ) -> Partition:
@@ -185,7 +160,6 @@ def classes_per_client(
     return _finish(clients, client_classes=[sorted(h) for h in held])
 
 
-@register_partitioner("cluster_groups")
 def cluster_groups(
     labels: np.ndarray,
     num_clients: int,

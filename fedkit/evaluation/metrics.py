@@ -83,3 +83,21 @@ def relevance_score(
     fa = extract_features(encoder, images_a[ia], batch_size, device, mean=mean, std=std)
     fb = extract_features(encoder, images_b[ib], batch_size, device, mean=mean, std=std)
     return (F.normalize(fa, dim=1) @ F.normalize(fb, dim=1).t()).mean().item()
+
+
+def mean_direction(
+    encoder: nn.Module,
+    images: Tensor,
+    device: torch.device | str | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    *,
+    batch_size: int = 512,
+) -> Tensor:
+    """The mean of the L2-normalised features of ``images`` (on the CPU, float32).
+
+    The mean cosine similarity over all pairs of two image sets is the dot product of
+    their mean directions, so two parties can compute it by exchanging one vector each.
+    """
+    features = extract_features(encoder, images, batch_size, device, mean=mean, std=std)
+    return F.normalize(features.float(), dim=1).mean(0).cpu()

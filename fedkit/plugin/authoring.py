@@ -4,9 +4,7 @@ reports as a long traceback, found before a run and said in one line each.
 ``check_plugin`` looks at a plugin class (or module): methods that look like misspelt
 hooks, public methods named like hooks but not marked ``@hookimpl``, ``@hookimpl``
 methods that name no hook, and hook arguments the hook does not provide. ``check_entry_points``
-adds entry points that cannot be imported. ``dry_round`` runs one round of a
-recipe on a few embedded images, so key-claim conflicts and shape mistakes show before
-any real training.
+adds entry points that cannot be imported.
 """
 
 from __future__ import annotations
@@ -18,8 +16,9 @@ from importlib.metadata import EntryPoint
 from typing import Any
 
 from fedkit.plugin import hookspecs
-from fedkit.plugin.manager import hook_names
 from fedkit.plugin.markers import PROJECT
+from fedkit.plugin.migration import LEGACY_ARGUMENTS
+from fedkit.plugin.registry import hook_names, hook_side
 
 SPEC_ARGS = {
     name: [p for p in inspect.signature(getattr(hookspecs, name)).parameters]
@@ -73,8 +72,16 @@ def check_plugin(name: str, obj: Any) -> list[Finding]:
             message = ""
         if message:
             found.append(Finding(name, message))
+        if marked and attr in hooks and hook_side(attr) == hookspecs.REGISTRY:
+            if inspect.isclass(obj) and not isinstance(
+                inspect.getattr_static(obj, attr), staticmethod
+            ):
+                found.append(
+                    Finding(name, f"registry hook {attr!r} must be a @staticmethod in a class")
+                )
+            continue
         if marked and attr in hooks:
-            provided = SPEC_ARGS[attr]
+            provided = [*SPEC_ARGS[attr], *LEGACY_ARGUMENTS.get(attr, {})]
             found += [
                 Finding(
                     name,
@@ -98,34 +105,3 @@ def check_entry_points(entry_points: dict[str, EntryPoint]) -> tuple[dict[str, A
                 Finding(name, f"cannot be imported ({ep.value}): {type(exc).__name__}: {exc}")
             )
     return loaded, found
-
-
-def dry_round(raw: dict[str, Any]) -> None:
-    """One round of a recipe on a few of the embedded digits (the recipe's image size,
-    two clients, small batches): raises what a real run would raise in round 1 — key-claim
-    conflicts, shape mistakes, plugins that cannot work together — in seconds."""
-    from fedkit.config.schema import validate
-    from fedkit.core.engine import prepare, run_round
-
-    raw = {**raw, "data": dict(raw.get("data", {})), "federation": dict(raw.get("federation", {}))}
-    server_share = 0.5 if raw["data"].get("server_fraction") else 0.0  # a few images each
-    raw["data"].update(
-        dataset="digits",
-        root=None,
-        download=False,
-        num_clients=2,
-        server_fraction=server_share,
-        max_train=16,  # a step or two per client
-        max_test=20,
-        partition={"name": "iid"},
-        local_test_size=4,
-    )
-    raw["federation"].update(rounds=1, clients_per_round=2, local_epochs=1, batch_size=4)
-    raw["evaluation"] = {"protocol": "none", "every": 0}
-    raw["engine"] = {"executor": "sequential", "store": "memory"}
-    raw["faults"] = {}
-    run = prepare(validate(raw))
-    try:
-        run_round(run, 1)
-    finally:
-        run.close()

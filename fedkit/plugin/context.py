@@ -1,4 +1,4 @@
-"""A client as client-side hooks see it, and what a client keeps between rounds.
+"""A client as client-side hooks see it.
 
 ``ClientContext`` holds only what a real client has: its id and private data, the values
 and tensors it keeps across rounds, what the server sent it this round, the recipe, the
@@ -10,7 +10,7 @@ raises ``AttributeError``, and no attribute can be added to it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,39 +18,12 @@ from torch import Tensor, nn
 
 from fedkit.config.schema import Recipe
 from fedkit.data.datasets import ImageSet
+from fedkit.training.loop import Batch, NonFiniteLoss, run_loop
+from fedkit.training.optim import make_optimizer, round_lr
 
 if TYPE_CHECKING:
     from fedkit.plugin.manager import Plugins
     from fedkit.training.loop import Objective
-
-
-@dataclass
-class ClientData:
-    """A client's private data: its training set and its local test set."""
-
-    id: int
-    train: ImageSet
-    test: ImageSet
-
-
-@dataclass
-class ClientMemory:
-    """What a client keeps between rounds (in the client state store, checkpointed).
-
-    ``model`` is its model state after its last round (``None`` before its first);
-    ``tensors`` and ``state`` are what plugins keep through ``ctx.tensors`` and
-    ``ctx.state``.
-    """
-
-    model: dict[str, Tensor] | None = None
-    tensors: dict[str, Tensor] = field(default_factory=dict)
-    state: dict[str, Any] = field(default_factory=dict)
-    participations: int = 0
-    cluster: int | None = None
-
-    def meta(self) -> dict[str, Any]:
-        """The JSON part (checkpoint sidecar)."""
-        return {"state": self.state, "participations": self.participations, "cluster": self.cluster}
 
 
 @dataclass(frozen=True)
@@ -67,17 +40,36 @@ class ModelKeys:
         return self.model - self.private
 
 
-class ClientContext:
-    """What a client-side hook receives (see the module docstring).
+ATTRIBUTES = {
+    "id": "the client's id (0-based)",
+    "train": "its private training set (an `ImageSet`)",
+    "test": "its private local test set (an `ImageSet`)",
+    "num_samples": "`len(ctx.train)`, what it declared to the server",
+    "recipe": "the validated recipe",
+    "round": "the round (1-based; on evaluation, the round just finished)",
+    "device": "the `torch.device` it computes on",
+    "rng": "a `torch.Generator` seeded by (seed, round, client)",
+    "lr": "the learning rate of this round; inside `ctx.fit`, the one the optimiser uses",
+    "state": "JSON values it keeps between rounds (checkpointed)",
+    "tensors": "tensors it keeps between rounds outside the model (checkpointed)",
+    "scratch": "a dict for this job only: never persisted, never sent (caches)",
+    "participations": "the rounds it trained before this one",
+    "cluster": "the cluster it chose last round; this round's once `select_cluster` ran",
+    "num_clusters": "how many cluster models the server offers this round",
+    "received": "what the server sent this round: the cluster state and `downlink` tensors",
+    "keys": "the template's key sets (`model`, `parameters`, `private`, `shared`)",
+    "steps": "optimiser steps the core fit loop took this round",
+    "fetch": "`ctx.fetch(c)`: download cluster `c`'s state (booked once per round)",
+    "fetched": "the clusters it downloaded this round, in order",
+    "log": "`ctx.log(name=value)`: report a metric (the one client-side channel)",
+    "logged": "what it reported so far this round",
+    "fit": "`ctx.fit(model, objective)`: the core fit loop (logs `loss`)",
+}
+"""Every public attribute of ``ClientContext``, as docs/plugins.md documents it."""
 
-    Attributes: ``id``, ``train`` / ``test`` (private ``ImageSet``s), ``recipe``,
-    ``round``, ``device``, ``rng`` (a ``torch.Generator`` seeded per (seed, round,
-    client)), ``state`` (JSON values kept across rounds), ``tensors`` (tensors kept across
-    rounds), ``participations`` (rounds trained before this one), ``cluster`` (the
-    cluster chosen in the last round, then this round's once selected), ``received``
-    (what the server sent this round), ``keys`` (``ModelKeys``) and ``steps`` (optimiser
-    steps taken this round by the core fit loop).
-    """
+
+class ClientContext:
+    """What a client-side hook receives (see the module docstring and ``ATTRIBUTES``)."""
 
     __slots__ = (
         "id",
@@ -87,8 +79,10 @@ class ClientContext:
         "round",
         "device",
         "rng",
+        "lr",
         "state",
         "tensors",
+        "scratch",
         "participations",
         "cluster",
         "received",
@@ -102,22 +96,30 @@ class ClientContext:
 
     def __init__(
         self,
-        data: ClientData,
-        memory: ClientMemory,
+        id: int,
+        train: ImageSet,
+        test: ImageSet,
         *,
         recipe: Recipe,
         round: int,
         device: torch.device,
         rng: torch.Generator,
         keys: ModelKeys,
+        state: dict[str, Any] | None = None,
+        tensors: dict[str, Tensor] | None = None,
+        participations: int = 0,
+        cluster: int | None = None,
         offers: Sequence[Mapping[str, Tensor]] = (),
         received: dict[str, Tensor] | None = None,
         plugins: Plugins | None = None,
     ) -> None:
-        self.id, self.train, self.test = data.id, data.train, data.test
+        self.id, self.train, self.test = id, train, test
         self.recipe, self.round, self.device, self.rng = recipe, round, device, rng
-        self.state, self.tensors = memory.state, memory.tensors
-        self.participations, self.cluster = memory.participations, memory.cluster
+        self.lr = round_lr(recipe.federation, max(round, 1))
+        self.state = {} if state is None else state
+        self.tensors = {} if tensors is None else tensors
+        self.scratch: dict[str, Any] = {}
+        self.participations, self.cluster = participations, cluster
         self.received: dict[str, Tensor] = dict(received or {})
         self.keys, self.steps = keys, 0
         self._plugins, self._offers = plugins, offers
@@ -127,10 +129,8 @@ class ClientContext:
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(
             f"ClientContext has no {name!r}: a client-side hook sees only what a real client "
-            "has (id, train, test, recipe, round, device, rng, state, tensors, "
-            "participations, cluster, received, keys, steps, fetch, fetched, log, logged, "
-            "fit); the pool, "
-            "the ledger, the store and other clients stay on the server"
+            f"has ({', '.join(ATTRIBUTES)}); the pool, the ledger, the store and other "
+            "clients stay on the server"
         )
 
     @property
@@ -166,7 +166,36 @@ class ClientContext:
         self._metrics.update(values)
 
     def fit(self, model: nn.Module, objective: Objective) -> dict[str, float]:
-        """Run the core fit loop (with every plugin's ``loss_terms`` and ``before_step``)."""
-        from fedkit.training.loop import fit
+        """Run the core fit loop: the recipe's optimiser at this round's learning rate,
+        every plugin's ``loss_terms`` and ``before_step``. Logs and returns the last
+        epoch's means (``loss``, ``loss_<term>``); adds the steps to ``ctx.steps``."""
+        plugins, cfg = self._plugins, self.recipe.federation
+        optimizer = make_optimizer(objective.trained_params(model), cfg, self.round)
+        self.lr = optimizer.param_groups[0]["lr"]
+        terms = before = None
+        if plugins is not None and plugins.implementers("loss_terms"):
 
-        return fit(self, model, objective)
+            def terms(m: nn.Module, batch: Batch, outputs: dict[str, Tensor]) -> dict:
+                return plugins.claims("loss_terms", ctx=self, model=m, batch=batch, outputs=outputs)
+
+        if plugins is not None and plugins.implementers("before_step"):
+
+            def before(opt: torch.optim.Optimizer) -> None:
+                self.lr = opt.param_groups[0]["lr"]
+                plugins.call("before_step", ctx=self, model=model, optimizer=opt)
+
+        try:
+            result = run_loop(
+                model,
+                objective,
+                optimizer,
+                objective.epochs or cfg.local_epochs,
+                terms=terms,
+                before_step=before,
+            )
+        except NonFiniteLoss as exc:
+            lr = optimizer.param_groups[0]["lr"]
+            raise NonFiniteLoss(f"{exc} (learning rate {lr:g}: too high for this model?)") from None
+        self.steps += result.steps
+        self.log(**result.last)
+        return result.last

@@ -1,28 +1,37 @@
-"""The hooks a fedkit plugin can implement (contract v2), in the order a round calls them.
+"""The hooks a fedkit plugin can implement (contract v3), in the order a run calls them.
 
 Each docstring here is the reference documentation: ``docs/hooks.md`` is generated from
-it (``python -m fedkit.cli.reference``) and a test checks the two agree.
+it (``python -m fedkit.cli.reference docs``) and a test checks the two agree.
 
-**Two sides.** Every hook runs either on the server or on a client, as it would in a real
-federation. Server-side hooks receive the ``Server`` (pool, ledger, recipe, data for
-evaluation). Client-side hooks receive a ``ClientContext`` that holds only what a real
-client has: its id, its private data, what it keeps between rounds (``state``,
-``tensors``), what the server sent it this round (``received``), the recipe, the round,
-its device and RNG, and ``fetch(cluster)`` to download another cluster model (counted by
-the ledger). Each side builds its own plugin instances from the recipe, so nothing a
-plugin stores on ``self`` on one side is visible on the other; whatever crosses goes
-through the core, which books it in the ledger.
+**Three sides.** *Registry* hooks run once per process, on every installed plugin, before
+any recipe is read: they add data sets, partitioners, executors and client stores under a
+name a recipe can use. Every other hook runs either on the server or on a client, as it
+would in a real federation. Server-side hooks receive the ``Server``: the model pool, the
+recipe, the ledger, what clients declared (``roster``) and the server's own data split,
+never a client's data. Client-side hooks receive a ``ClientContext`` that holds only what
+a real client has: its id, its private data, what it keeps between rounds, what the server
+sent it this round, the recipe, the round, its device and RNG. Each side builds its own
+plugin instances from the recipe, so nothing a plugin stores on ``self`` on one side is
+visible on the other; whatever crosses goes through the core, which books it in the
+ledger.
 
-**Four kinds of hook.**
+**Four kinds of hook.** Every call goes through pluggy's hook call, so tracing
+(``add_hookcall_monitoring``) and wrappers see every hook; the recipe's order of plugins
+is the call order (``tryfirst``/``trylast`` are refused).
 
 * **all**: every implementation is called (``configure``, ``round_end``, ...).
 * **firstresult**: the first implementation that returns something other than ``None``
-  answers; the plugin listed first in the recipe is asked first.
+  answers; the plugin listed first in the recipe is asked first. Two active plugins
+  implementing one is an error (the second would never run).
 * **claims** (key-level): every plugin returns ``{key: value}`` for the keys it takes
   charge of; keys nobody claims get the core default. Two plugins claiming one key is an
-  error naming both.
+  error naming both. ``fedkit.DROP`` as a value removes the key.
 * **chain**: each plugin, in recipe order, receives the previous plugin's result and may
   return a replacement (``None`` keeps it).
+
+``None`` returned from any hook means "nothing from this plugin". Metrics go through one
+channel per side: ``ctx.log(name=value)`` on a client, ``server.log(name=value)`` on the
+server.
 """
 
 from __future__ import annotations
@@ -30,42 +39,113 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import pluggy
-
-from fedkit.plugin.markers import PROJECT
+from fedkit.plugin.markers import hookspec
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
     from torch.optim import Optimizer
 
-    from fedkit.config.schema import Recipe
     from fedkit.core.server import ClientInfo, Server, Upload
     from fedkit.plugin.context import ClientContext
     from fedkit.training.loop import Objective
 
-SERVER, CLIENT = "server", "client"
+REGISTRY, SERVER, CLIENT = "registry", "server", "client"
+SIDES = (REGISTRY, SERVER, CLIENT)
 KINDS = ("all", "firstresult", "claims", "chain")
 
-_hookspec = pluggy.HookspecMarker(PROJECT)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def spec(side: str, kind: str = "all") -> Callable[[F], F]:
     """Declare a hook: the side it runs on and how its implementations combine."""
-    assert side in (SERVER, CLIENT) and kind in KINDS
+    assert side in SIDES and kind in KINDS
 
     def mark(fn: F) -> F:
         fn.side, fn.kind = side, kind  # type: ignore[attr-defined]
-        return _hookspec(firstresult=kind == "firstresult")(fn)
+        return hookspec(firstresult=kind == "firstresult")(fn)
 
     return mark
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@spec(REGISTRY)
+def register_datasets(register: Callable[..., None]) -> None:
+    """Add data sets a recipe can name in ``data.dataset``.
+
+    Called once per process on every installed plugin, before any recipe is read. Call
+    ``register(name, load, needs_root=True, download=False, splits=("train", "test"))``
+    once per data set. ``load(cfg, split, limit)`` gets the recipe's ``data`` section
+    (``fedkit.config.schema.DataConfig``), the split name and the most images the recipe
+    keeps of it (``None``: all), and returns ``fedkit.data.RawImages(images, labels,
+    classes)``: uint8 images ``N×3×H×W`` or grayscale ``N×H×W``, int64 labels, class names.
+    Returning more than ``limit`` is fine (fedkit keeps a class-balanced subset), and so is
+    any image size (fedkit resizes to ``data.image_size``). ``needs_root``: the recipe must
+    give ``data.root``; ``download``: ``data.download: true`` may fetch the files there.
+    In a plugin class this hook is a ``@staticmethod`` (it runs before there are options).
+
+    :param register: adds one data set under a name; a name two plugins register is an
+        error naming both.
+    :returns: nothing.
+    """
+
+
+@spec(REGISTRY)
+def register_partitioners(register: Callable[..., None]) -> None:
+    """Add partitioners a recipe can name in ``data.partition.name``.
+
+    Called once per process on every installed plugin. Call ``register(name, fn)``;
+    ``fn(labels, num_clients, rng, **params)`` splits the train labels (a numpy array)
+    among the clients with the ``numpy.random.Generator`` it is given and returns
+    ``fedkit.data.Partition(clients, groups=None, client_classes=None)``: sorted train
+    indices per client, and the true group of each client when the partition defines
+    groups (evaluation then reports how well clustered methods find them). The recipe's
+    ``data.partition`` keys besides ``name`` are ``params``, checked against the
+    function's keyword arguments before it runs. A ``@staticmethod`` in a plugin class.
+
+    :param register: adds one partitioner under a name.
+    :returns: nothing.
+    """
+
+
+@spec(REGISTRY)
+def register_executors(register: Callable[..., None]) -> None:
+    """Add executors a recipe can name in ``engine.executor``: where clients run.
+
+    Called once per process on every installed plugin. Call ``register(name, factory)``;
+    ``factory(setup, population, store)`` returns an object with ``run(jobs)`` and
+    ``evaluate(jobs)`` (iterators of results), ``persist(folder)``, ``adopt(folder,
+    files)``, ``memory(client)`` and ``close()`` (``fedkit.core.executor.Executor``). The
+    executor holds the client side: each client's data and the store of what it keeps;
+    nothing it keeps may travel to the server. A ``@staticmethod`` in a plugin class.
+
+    :param register: adds one executor under a name.
+    :returns: nothing.
+    """
+
+
+@spec(REGISTRY)
+def register_stores(register: Callable[..., None]) -> None:
+    """Add client stores a recipe can name in ``engine.store``: where what clients keep
+    between rounds lives.
+
+    Called once per process on every installed plugin. Call ``register(name, factory)``;
+    ``factory(folder, cache)`` returns a ``fedkit.rundir.store.StateStore`` (``folder``:
+    where a store that writes files keeps them, ``None`` for a run without a directory;
+    ``cache``: ``engine.cache``). Stores live on the client side of an executor. A
+    ``@staticmethod`` in a plugin class.
+
+    :param register: adds one store under a name.
+    :returns: nothing.
+    """
 
 
 # --------------------------------------------------------------------------- set-up
 
 
 @spec(SERVER)
-def configure(recipe: Recipe, server: Server) -> None:
+def configure(server: Server) -> None:
     """Check the recipe as a whole before anything is trained.
 
     Called once per run on the server, after every active plugin was constructed with
@@ -73,8 +153,8 @@ def configure(recipe: Recipe, server: Server) -> None:
     ``server.tensors`` already hold the checkpoint's values. Raise
     ``fedkit.errors.RecipeError`` for a setting this plugin cannot work with.
 
-    :param recipe: the validated recipe.
-    :param server: the server; its pool is still empty.
+    :param server: the server (``server.recipe`` is the validated recipe); its pool is
+        still empty.
     :returns: nothing.
     """
 
@@ -87,33 +167,35 @@ def init_models(server: Server) -> list[nn.ModuleDict] | None:
     from the run seed. The first model is also the *template*: every client's working
     model is built from it, so it holds every part (private ones too) and its values are
     what a client starts from on its first participation. Work done once (server-side
-    pre-training, loading a warm-start encoder) goes through ``server.once(name,
-    compute)``: the core keeps the result in checkpoints and hands it back on resume.
+    pre-training on ``server.own_data``, loading a warm-start encoder) goes through
+    ``server.once(name, compute)``: the core keeps the result in checkpoints and hands it
+    back on resume.
 
-    :param server: the server, with ``recipe``, ``data`` and ``device`` set.
+    :param server: the server, with ``recipe``, ``num_classes``, ``own_data`` and
+        ``device`` set.
     :returns: a list of ``torch.nn.ModuleDict`` (one per cluster), or ``None`` to pass.
     """
 
 
 @spec(SERVER)
-def private_keys(recipe: Recipe, model: nn.ModuleDict) -> Iterable[str] | None:
+def private_keys(server: Server, model: nn.ModuleDict) -> Iterable[str] | None:
     """Name the model keys that never leave a client (a target network, BN layers).
 
     Called once per run on the server with the template; the answers of all plugins are
     joined and sent to every client with the template. A private key is not in the pool,
     not sent down, not uploaded and not counted; each client keeps its own value across
-    rounds, and personalised evaluation uses it. ``fedkit.plugin.keys`` has helpers:
+    rounds, and its personal model uses it. ``fedkit.plugin.keys`` has helpers:
     ``under(model, parts)`` for whole parts, ``norm_keys(model)`` for normalisation
     layers.
 
-    :param recipe: the validated recipe.
+    :param server: the server.
     :param model: the template model.
     :returns: state-dict keys of ``model``, or ``None``.
     """
 
 
 @spec(SERVER)
-def kept_keys(recipe: Recipe, model: nn.ModuleDict) -> Iterable[str] | None:
+def kept_keys(server: Server, model: nn.ModuleDict) -> Iterable[str] | None:
     """Name the shared keys a client must keep between rounds for this plugin.
 
     Called once per run on the server with the template. A client's store keeps only its
@@ -124,14 +206,14 @@ def kept_keys(recipe: Recipe, model: nn.ModuleDict) -> Iterable[str] | None:
     plugin that implements ``update_client`` without this hook keeps every model key, to
     be safe; one that only reads ``received`` returns ``[]``.
 
-    :param recipe: the validated recipe.
+    :param server: the server.
     :param model: the template model.
     :returns: state-dict keys of ``model``, or ``None``.
     """
 
 
 @spec(SERVER)
-def auxiliary_keys(recipe: Recipe) -> Iterable[str] | None:
+def auxiliary_keys(server: Server) -> Iterable[str] | None:
     """Declare which non-model keys this plugin sends are auxiliary, not data-derived.
 
     The ledger books every transfer in three categories: model parameters (keys of the
@@ -139,7 +221,7 @@ def auxiliary_keys(recipe: Recipe) -> Iterable[str] | None:
     data features) and data-derived tensors (features, statistics, public data). A
     non-model key is data-derived unless a plugin declares it auxiliary here.
 
-    :param recipe: the validated recipe.
+    :param server: the server.
     :returns: ``fnmatch`` patterns of keys (``"myplugin.*"``), or ``None``.
     """
 
@@ -153,9 +235,10 @@ def sample_clients(server: Server, round: int) -> list[int] | None:
 
     Called once per round on the server. The default draws
     ``federation.clients_per_round`` clients uniformly without replacement from a
-    generator seeded by (seed, round). Availability models, power-of-choice or dropout
-    schedules answer here; draw from ``numpy.random.default_rng(fedkit.seeding.derive(
-    server.recipe.seed, "my-plugin", round))`` so that resumed runs match.
+    generator seeded by (seed, round), among the clients that declared training data.
+    Availability models, power-of-choice or dropout schedules answer here; draw from
+    ``numpy.random.default_rng(fedkit.seeding.derive(server.recipe.seed, "my-plugin",
+    round))`` so that resumed runs match.
 
     :param server: the server (``roster`` holds what it knows of each client).
     :param round: the round about to run (1-based).
@@ -217,15 +300,33 @@ def update_client(
 
 
 @spec(CLIENT, "firstresult")
+def local_train(ctx: ClientContext, model: nn.ModuleDict) -> Any:
+    """Train the working model with a loop of the plugin's own (instead of an objective).
+
+    Called on the client after ``update_client``, before ``local_objective``; a plugin
+    answering here (returning anything but ``None``) owns the whole loop.
+    ``ctx.fit(model, objective)`` still runs the core loop (with every plugin's
+    ``loss_terms`` and ``before_step``, logging ``loss``) for parts of it; report other
+    numbers with ``ctx.log``. Global RNGs are seeded per (round, client) and ``ctx.rng``
+    is a seeded ``torch.Generator``.
+
+    :param ctx: the client context.
+    :param model: the working model, merged state loaded, on ``ctx.device``.
+    :returns: ``True`` (or any value but ``None``) once trained, or ``None`` to pass.
+    """
+
+
+@spec(CLIENT, "firstresult")
 def local_objective(ctx: ClientContext, model: nn.ModuleDict) -> Objective | None:
     """Describe what local training minimises; the core runs the loop.
 
-    Called on the client after ``update_client`` loaded the merged state into ``model``.
-    Return a ``fedkit.training.loop.Objective`` (a loss on a batch, the batches, what the optimiser
-    updates); the core's fit loop runs ``federation.local_epochs`` epochs with the
-    recipe's optimiser and lets other plugins add ``loss_terms`` and act in
-    ``before_step``. ``fedkit.training.supervised_objective`` and
-    ``fedkit.ssl.local.two_view_objective`` build the common ones.
+    Called on the client when no plugin answered ``local_train``, with the merged state
+    loaded into ``model``. Return a ``fedkit.training.Objective`` (a loss on a batch, the
+    batches, what the optimiser updates); the core's fit loop runs
+    ``federation.local_epochs`` epochs with the recipe's optimiser, lets other plugins add
+    ``loss_terms`` and act in ``before_step``, and logs ``loss``.
+    ``fedkit.training.supervised_objective`` and ``fedkit.ssl.local.two_view_objective``
+    build the common ones.
 
     :param ctx: the client context.
     :param model: the working model, merged state loaded, on ``ctx.device``.
@@ -233,33 +334,25 @@ def local_objective(ctx: ClientContext, model: nn.ModuleDict) -> Objective | Non
     """
 
 
-@spec(CLIENT, "firstresult")
-def local_train(ctx: ClientContext, model: nn.ModuleDict) -> dict[str, Any] | None:
-    """Train the working model with a loop of the plugin's own (instead of an objective).
-
-    Called on the client before ``local_objective``; a plugin answering here owns the
-    whole loop. ``ctx.fit(model, objective)`` still runs the core loop (with every
-    plugin's ``loss_terms`` and ``before_step``) for parts of it. Global RNGs are seeded
-    per (round, client) and ``ctx.rng`` is a seeded ``torch.Generator``.
-
-    :param ctx: the client context.
-    :param model: the working model, merged state loaded, on ``ctx.device``.
-    :returns: numeric metrics (``{"loss": ...}``), or ``None`` to pass.
-    """
-
-
 @spec(CLIENT, "claims")
-def loss_terms(ctx: ClientContext, model: nn.ModuleDict, batch: Any) -> dict[str, Tensor] | None:
+def loss_terms(
+    ctx: ClientContext, model: nn.ModuleDict, batch: Any, outputs: dict[str, Tensor]
+) -> dict[str, Tensor] | None:
     """Add terms to the local loss, at every step of the core fit loop (claims).
 
     Called on the client per batch, after the objective's loss. Every returned term is
     added to the loss before ``backward`` and logged as ``loss_<name>`` (averaged over
     the epoch, like ``loss``); names are claimed, so two plugins cannot add the same one.
-    A proximal term towards the global model lives here.
+    A proximal term towards the global model, or a representation-level regulariser on
+    ``outputs["features"]``, lives here.
 
     :param ctx: the client context (``ctx.received`` holds the global model).
     :param model: the model being trained.
     :param batch: the objective's batch (a tuple; ``batch[0]`` holds the inputs).
+    :param outputs: what the objective's forward pass computed on this batch, still in
+        the autograd graph: the built-in objectives give ``features`` (the encoder's
+        output; for two-view objectives, of the first view) and ``logits`` (supervised)
+        or ``projections`` (two-view); empty for an objective that gives none.
     :returns: ``{name: scalar tensor}``, or ``None``.
     """
 
@@ -270,8 +363,10 @@ def before_step(ctx: ClientContext, model: nn.ModuleDict, optimizer: Optimizer) 
 
     Called on the client at every step of the core fit loop, in recipe order. Gradient
     corrections (control variates), clipping and noise go here; modify ``p.grad`` in place.
+    (An objective's own per-step update, such as a BYOL target's moving average, is its
+    ``after_step``.)
 
-    :param ctx: the client context.
+    :param ctx: the client context (``ctx.lr``: the learning rate of this step).
     :param model: the model being trained.
     :param optimizer: the optimiser about to step.
     :returns: nothing.
@@ -279,39 +374,37 @@ def before_step(ctx: ClientContext, model: nn.ModuleDict, optimizer: Optimizer) 
 
 
 @spec(CLIENT)
-def after_local_train(
-    ctx: ClientContext, model: nn.ModuleDict, before: dict[str, Tensor]
-) -> dict[str, Any] | None:
+def after_local_train(ctx: ClientContext, model: nn.ModuleDict, before: dict[str, Tensor]) -> None:
     """Look at what local training changed, once it finished.
 
     Called on the client after the training loop. ``before`` is the state training
     started from; ``model`` holds the state after (``model.state_dict()``). Store what
-    the next round needs in ``ctx.state``/``ctx.tensors``. Returned numbers reach the
-    metrics like the training loss (divergences, norms).
+    the next round needs in ``ctx.state``/``ctx.tensors``; report numbers (divergences,
+    norms) with ``ctx.log``.
 
     :param ctx: the client context (``ctx.steps``: optimiser steps just taken).
     :param model: the trained model.
     :param before: the model state before training (detached copies).
-    :returns: numeric metrics, or ``None``.
+    :returns: nothing.
     """
 
 
 @spec(CLIENT, "claims")
 def upload_selection(
     ctx: ClientContext, local: dict[str, Tensor], model: nn.ModuleDict
-) -> dict[str, Tensor | None] | None:
+) -> dict[str, Any] | None:
     """Choose what the client sends to the server after training (claims).
 
     Called on the client after ``after_local_train``. Return a tensor to send it under
-    that key, ``None`` to withhold it. A non-model key is booked as data-derived unless a
-    plugin declared it in ``auxiliary_keys``; a plugin sending data-derived keys should
-    set ``uploads_data_derived = True`` so that ``fedkit plugins`` and ``fedkit run``
+    that key, ``fedkit.DROP`` to withhold it. A non-model key is booked as data-derived
+    unless a plugin declared it in ``auxiliary_keys``; a plugin sending data-derived keys
+    sets ``uploads_data_derived = True`` so that ``fedkit plugins`` and ``fedkit run``
     warn. Unclaimed keys: the model's shared keys are sent as they are.
 
     :param ctx: the client context.
     :param local: the client's model state after training (detached copies).
     :param model: the trained working model (for computing features).
-    :returns: ``{key: tensor or None}``, or ``None``.
+    :returns: ``{key: tensor or fedkit.DROP}``, or ``None``.
     """
 
 
@@ -340,13 +433,13 @@ def aggregate(server: Server, cluster: int, uploads: list[Upload]) -> dict[str, 
     Each ``Upload`` has ``client``, ``weight`` (its sample count) and ``tensors``. Return
     the keys this plugin sets with their new server values; a claimed non-model key stays
     in the cluster state and is sent down with it next round; a key claimed with
-    ``None`` is dropped from the cluster state. Unclaimed keys: the mean weighted by
-    ``weight`` (integer buffers: weighted mean rounded down).
+    ``fedkit.DROP`` is removed from the cluster state. Unclaimed keys: the mean weighted
+    by ``weight`` (integer buffers: weighted mean rounded down).
 
     :param server: the server.
     :param cluster: the cluster index.
     :param uploads: what each client of the cluster sent, in client-id order.
-    :returns: ``{key: tensor or None}``, or ``None``.
+    :returns: ``{key: tensor or fedkit.DROP}``, or ``None``.
     """
 
 
@@ -371,30 +464,70 @@ def server_update(
 
 
 @spec(SERVER)
-def round_end(server: Server, metrics: dict[str, Any]) -> None:
+def round_end(server: Server) -> None:
     """Run server-side logic after aggregation (logging, schedules, restarts).
 
     Called once per round on the server, after every cluster was updated and before
-    evaluation. Add entries to ``metrics`` to have them written to ``metrics.jsonl``
-    (JSON values; deterministic, so that resumed runs match).
+    evaluation. ``server.log(name=value)`` adds entries to this round's metrics row
+    (JSON values; deterministic, so that resumed runs match); ``server.sampled`` are the
+    round's clients.
 
     :param server: the server, pool updated.
-    :param metrics: this round's metrics row so far (mutable).
+    :returns: nothing.
+    """
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+@spec(CLIENT, "firstresult")
+def personal_model(ctx: ClientContext, model: nn.ModuleDict) -> nn.Module | None:
+    """Supply the model a client is evaluated with, when it is not the default one.
+
+    Called on the client on evaluation rounds (``evaluation.every``, ``evaluation.clients``)
+    with ``model`` holding the client's default personal model: its cluster's current
+    state with its own values of the private keys. A plugin that keeps a whole personal
+    model of its own (Ditto's v_k in ``ctx.tensors``, a fine-tuned copy) returns it
+    here, or loads it into ``model`` and returns ``model``. The core's protocol and every
+    ``evaluate_client`` then score what is returned. Nothing of it leaves the client but
+    the scores.
+
+    :param ctx: the client context (``ctx.round``: the round just finished;
+        ``ctx.received``: the cluster state of this evaluation).
+    :param model: the default personal model, on ``ctx.device``, in eval mode.
+    :returns: a module with the parts the recipe's protocol reads (``encoder``, and
+        ``classifier`` for supervised evaluation), or ``None`` to keep the default.
+    """
+
+
+@spec(CLIENT)
+def evaluate_client(ctx: ClientContext, model: nn.ModuleDict) -> None:
+    """Score a client's personal model on the client's own data.
+
+    Called on the client on evaluation rounds, after the core's protocol scored the
+    personal model (supervised: accuracy on ``ctx.test``). Report scores with
+    ``ctx.log(name=value)``: the round's metrics get ``personalized_<name>`` (the mean
+    over evaluated clients) and ``client_<name>`` (each client's value).
+
+    :param ctx: the client context.
+    :param model: the personal model (``personal_model``'s answer or the default), in
+        eval mode under ``torch.no_grad()``.
     :returns: nothing.
     """
 
 
 @spec(SERVER)
-def evaluate(server: Server, round: int) -> dict[str, Any] | None:
-    """Add evaluation metrics for this round.
+def evaluate(server: Server, round: int) -> None:
+    """Add server-side evaluation metrics for this round.
 
     Called on the server every ``evaluation.every`` rounds and after the last one, after
-    the core's protocol (global and per-client) ran. Results of all plugins are merged
-    into the round's metrics row.
+    the core's protocol and the clients' evaluation ran. Score what the server holds (its
+    pool, on ``server.own_data``) and report with ``server.log``; a client's data is
+    scored on the client, in ``evaluate_client``.
 
     :param server: the server.
     :param round: the round just finished (1-based).
-    :returns: a mapping of metric names to JSON values, or ``None``.
+    :returns: nothing.
     """
 
 

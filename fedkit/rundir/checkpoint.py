@@ -24,7 +24,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from safetensors.torch import load_file
 from torch import Tensor
@@ -32,15 +32,10 @@ from torch import Tensor
 from fedkit.errors import FedkitError
 from fedkit.rundir.atomic import write_bytes, write_json, write_safetensors
 from fedkit.rundir.integrity import check_file, sha256_bytes
-from fedkit.rundir.store import SUFFIX, read_memory
-from fedkit.seeding import rng_states, set_rng_states
-
-if TYPE_CHECKING:
-    from fedkit.core.engine import Run
+from fedkit.rundir.store import MEMORIES, SUFFIX, read_memory
 
 FORMAT = 4
 POINTER = Path("checkpoints") / "latest.json"
-CLIENTS = "clients"
 STATE, SEAL = "state.json", "state.sha256"
 FOLDER = re.compile(r"^round-(\d{4,})$")
 CLIENT_FILE = re.compile(r"^\d+\.r\d{6}" + re.escape(SUFFIX) + "$")
@@ -62,33 +57,39 @@ def _unflatten(flat: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
     return groups
 
 
-def save(run: Run, root: Path, round: int, logs: dict[str, dict[str, Any]]) -> Path:
-    """Write the state after ``round`` (client memories that changed, pool, server) and
-    point ``latest.json`` at it; ``logs`` are the length and prefix hash of each log."""
+def save(
+    root: Path,
+    round: int,
+    *,
+    pool: list[dict[str, Tensor]],
+    server_tensors: dict[str, Tensor],
+    clients: dict[int, dict[str, str]],
+    state: dict[str, Any],
+    logs: dict[str, dict[str, Any]],
+    keep: int,
+) -> Path:
+    """Write the state after ``round`` and point ``latest.json`` at it: the pool, the
+    server's tensors, ``clients`` (each client's memory file and hash, as the client side
+    persisted them), the server side's JSON ``state`` (recipe, server state, roster,
+    ledger totals, RNG states) and ``logs`` (the length and prefix hash of each log)."""
     folder = root / "checkpoints" / f"round-{round:04d}"
-    server = run.server
-    manifest = run.executor.store.persist(root / CLIENTS)
-    pool = _flatten({str(i): s for i, s in enumerate(server.pool)})
+    flat = _flatten({str(i): s for i, s in enumerate(pool)})
     files = {
-        "pool.safetensors": write_safetensors(folder / "pool.safetensors", pool),
-        "server.safetensors": write_safetensors(folder / "server.safetensors", server.tensors),
+        "pool.safetensors": write_safetensors(folder / "pool.safetensors", flat),
+        "server.safetensors": write_safetensors(folder / "server.safetensors", server_tensors),
     }
     sidecar = {
         "format": FORMAT,
         "round": round,
-        "recipe": run.recipe.model_dump(mode="json"),
-        "server_state": server.state,
-        "roster": {str(c.id): c.meta() for c in server.roster if c.participations},
-        "clients": {str(cid): entry for cid, entry in sorted(manifest.items())},
+        **state,
+        "clients": {str(cid): entry for cid, entry in sorted(clients.items())},
         "files": files,
-        "ledger": server.ledger.flushed,
         "logs": logs,
-        "rng": rng_states(),
     }
     digest = write_json(folder / STATE, sidecar)
     write_bytes(folder / SEAL, (digest + "\n").encode())
     write_json(root / POINTER, {"round": round, "folder": folder.name})
-    prune(root, run.recipe.engine.keep_checkpoints)
+    prune(root, keep)
     return folder
 
 
@@ -113,7 +114,7 @@ def prune(root: Path, keep: int) -> None:
             named.update(entry["file"] for entry in sidecar["clients"].values())
         except (OSError, ValueError, KeyError, TypeError):
             return  # a damaged kept checkpoint: remove nothing it might name
-    for path in (root / CLIENTS).glob(f"*{SUFFIX}"):
+    for path in (root / MEMORIES).glob(f"*{SUFFIX}"):
         if CLIENT_FILE.match(path.name) and path.name not in named:
             path.unlink(missing_ok=True)
 
@@ -136,7 +137,7 @@ def problems(root: Path, folder: Path) -> tuple[list[str], dict[str, Any] | None
         return [f"format {sidecar.get('format')}, this fedkit reads format {FORMAT}"], sidecar
     found = [p for name, h in sidecar["files"].items() if (p := check_file(folder / name, h))]
     for cid, entry in sidecar["clients"].items():
-        problem = check_file(root / CLIENTS / entry["file"], entry["sha256"])
+        problem = check_file(root / MEMORIES / entry["file"], entry["sha256"])
         if problem is not None:
             found.append(f"client {cid}'s memory: {problem}")
     return found, sidecar
@@ -155,21 +156,6 @@ class Snapshot:
     server_state: dict[str, Any]
     sidecar: dict[str, Any]
     notes: list[str] = field(default_factory=list)
-
-    def restore(self, run: Run) -> None:
-        """Pool, what the server knows of clients, client memories, ledger, RNG states."""
-        server = run.server
-        server.pool = [self.pool.get(str(i), {}) for i in range(len(server.pool))]
-        for cid, meta in self.sidecar["roster"].items():
-            info = server.roster[int(cid)]
-            info.participations, info.cluster = meta["participations"], meta["cluster"]
-            info.last_round = meta["last_round"]
-        manifest = {int(cid): entry for cid, entry in self.sidecar["clients"].items()}
-        run.executor.store.adopt(self.root / CLIENTS, manifest)
-        server.ledger.rows.clear()
-        server.ledger.flushed = dict(self.sidecar["ledger"])
-        set_rng_states(self.sidecar["rng"])
-        server.round = self.round
 
 
 def read(root: Path) -> Snapshot | None:
@@ -227,7 +213,7 @@ def personal_state(root: Path, client: int) -> dict[str, Tensor]:
         raise FedkitError(f"{root}: client {client} has not trained in this run yet")
     cluster = sidecar["roster"].get(str(client), {}).get("cluster") or 0
     pool = _unflatten(load_file(folder / "pool.safetensors")).get(str(cluster), {})
-    return {**pool, **(read_memory(root / CLIENTS / entry["file"]).model or {})}
+    return {**pool, **(read_memory(root / MEMORIES / entry["file"]).model or {})}
 
 
 def saved_part(root: Path, part: str, group: str = "0", file: str = "pool") -> dict[str, Tensor]:

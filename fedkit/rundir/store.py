@@ -21,16 +21,38 @@ import shutil
 import tempfile
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from safetensors.torch import load_file, safe_open
+from torch import Tensor
 
-from fedkit.config.schema import EngineConfig
-from fedkit.plugin.context import ClientMemory
 from fedkit.rundir.atomic import write_safetensors
 
 SUFFIX = ".safetensors"
+MEMORIES = "clients"
+"""The folder of a run directory that holds client memories."""
+
+
+@dataclass
+class ClientMemory:
+    """What a client keeps between rounds (in the client's store, checkpointed).
+
+    ``model`` is its model state after its last round, its kept keys only (``None`` before
+    its first); ``tensors`` and ``state`` are what plugins keep through ``ctx.tensors``
+    and ``ctx.state``.
+    """
+
+    model: dict[str, Tensor] | None = None
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    participations: int = 0
+    cluster: int | None = None
+
+    def meta(self) -> dict[str, Any]:
+        """The JSON part (checkpoint sidecar)."""
+        return {"state": self.state, "participations": self.participations, "cluster": self.cluster}
 
 
 def memory_file(client: int, version: int) -> str:
@@ -192,17 +214,14 @@ def kept_bytes(template: Any, kept: frozenset[str]) -> int:
     return sum(state[k].numel() * state[k].element_size() for k in kept)
 
 
-def make_store(engine: EngineConfig, out: Path | None, estimate: int) -> StateStore:
-    """The recipe's store: ``memory``, ``disk`` (under ``out/clients``, or a temporary
-    folder without a run directory) or ``auto``: disk when ``estimate`` (bytes every
-    client's kept model keys take) passes ``memory_budget_mb``. Per-client tensors
-    (``ctx.tensors``) are not in the estimate: name ``disk`` for methods that keep large
-    ones."""
-    kind = engine.store
-    if kind == "auto":
-        kind = "disk" if estimate > engine.memory_budget_mb * 2**20 else "memory"
-    if kind == "memory":
-        return MemoryStore()
-    if out is not None:
-        return DiskStore(out / "clients", engine.cache)
-    return DiskStore(Path(tempfile.mkdtemp(prefix="fedkit-clients-")), engine.cache, temporary=True)
+def memory_store(folder: Path | None, cache: int) -> MemoryStore:
+    """The ``memory`` store: every client's memory in a dict."""
+    return MemoryStore()
+
+
+def disk_store(folder: Path | None, cache: int) -> DiskStore:
+    """The ``disk`` store: files under ``folder`` (a temporary folder without a run
+    directory), ``cache`` memories also in memory."""
+    if folder is not None:
+        return DiskStore(folder, cache)
+    return DiskStore(Path(tempfile.mkdtemp(prefix="fedkit-clients-")), cache, temporary=True)

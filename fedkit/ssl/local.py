@@ -9,7 +9,7 @@ one seeded ``torch.Generator``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +22,9 @@ from fedkit.training.loop import Objective
 if TYPE_CHECKING:
     from fedkit.plugin.context import ClientContext
 
-TwoViewLoss = Callable[[nn.Module, Tensor, Tensor], Tensor]
+TwoViewLoss = Callable[[nn.Module, Tensor, Tensor], Any]
+"""``loss_fn(model, view1, view2)``: a scalar loss, or ``(loss, outputs)`` with the forward
+pass's ``features``/``projections`` for ``loss_terms``."""
 
 
 def two_view_augment(data: ImageSet, crop_scale: tuple[float, float]) -> TwoViewAugment:
@@ -72,7 +74,7 @@ def two_view_objective(
             drop_last=cfg.drop_last,
         )
 
-    def loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+    def loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Any:
         return loss_fn(model, *batch)
 
     return Objective(loss, epoch, params=list(params), after_step=after_step)

@@ -3,26 +3,23 @@ add loss terms and act on gradients.
 
 An ``Objective`` says *what* to minimise (a loss on a batch, where batches come from,
 which parameters learn); ``run_loop`` does the stepping. Client-side training goes
-through ``fit``, which adds the recipe's optimiser at the round's learning rate and calls
-the ``loss_terms`` and ``before_step`` hooks of every active plugin, so a proximal term or
-a gradient correction composes with any method whose training is an objective.
+through ``ClientContext.fit``, which adds the recipe's optimiser at the round's learning
+rate and the ``loss_terms`` and ``before_step`` hooks of every active plugin, so a
+proximal term or a gradient correction composes with any method whose training is an
+objective.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from fedkit.training.optim import make_optimizer
 from fedkit.training.precision import adopt_layout
-
-if TYPE_CHECKING:
-    from fedkit.plugin.context import ClientContext
 
 Batch = tuple[Any, ...]
 
@@ -31,14 +28,16 @@ class NonFiniteLoss(ArithmeticError):
     """The loss of local training became NaN or infinite."""
 
 
-Terms = Callable[[nn.Module, Batch], dict[str, Tensor]]
+Terms = Callable[[nn.Module, Batch, dict[str, Tensor]], dict[str, Tensor]]
 
 
 @dataclass
 class Objective:
     """What local training minimises.
 
-    ``loss(model, batch)`` returns a scalar tensor; ``batches()`` yields one epoch of
+    ``loss(model, batch)`` returns a scalar tensor, or ``(loss, outputs)`` with what its
+    forward pass computed (``{"features": ..., "logits": ...}``), which the
+    ``loss_terms`` hook receives as ``outputs``; ``batches()`` yields one epoch of
     tuples whose first element holds the inputs (its length is the batch size);
     ``params`` are what the optimiser updates (default: every parameter outside the
     ``frozen`` parts); ``frozen`` parts stay in eval mode (BN statistics untouched);
@@ -46,7 +45,7 @@ class Objective:
     defaults to ``federation.local_epochs``.
     """
 
-    loss: Callable[[nn.Module, Batch], Tensor]
+    loss: Callable[[nn.Module, Batch], Any]
     batches: Callable[[], Iterable[Batch]]
     params: Sequence[nn.Parameter] | None = None
     after_step: Callable[[], None] | None = None
@@ -71,6 +70,14 @@ class LoopResult:
     @property
     def last(self) -> dict[str, float]:
         return self.epochs[-1] if self.epochs else {"loss": 0.0}
+
+
+def split_loss(result: Tensor | tuple[Tensor, Mapping[str, Tensor]]) -> tuple[Tensor, dict]:
+    """An objective's loss and its forward outputs (``{}`` when it returned a loss only)."""
+    if isinstance(result, tuple):
+        loss, outputs = result
+        return loss, dict(outputs)
+    return result, {}
 
 
 def run_loop(
@@ -100,8 +107,8 @@ def run_loop(
         count = 0
         for batch in objective.batches():
             n = len(batch[0])
-            loss = objective.loss(model, batch)
-            extra = terms(model, batch) if terms is not None else {}
+            loss, outputs = split_loss(objective.loss(model, batch))
+            extra = terms(model, batch, outputs) if terms is not None else {}
             total = loss + sum(extra.values()) if extra else loss
             optimizer.zero_grad(set_to_none=True)
             total.backward()
@@ -120,37 +127,3 @@ def run_loop(
             raise NonFiniteLoss(f"the training loss became {means['loss']} in epoch {epoch + 1}")
         history.append(means)
     return LoopResult(history, steps)
-
-
-def fit(ctx: ClientContext, model: nn.Module, objective: Objective) -> dict[str, float]:
-    """Client-side training: the recipe's optimiser at this round's learning rate, every
-    plugin's ``loss_terms`` and ``before_step``; sets ``ctx.steps`` and returns the last
-    epoch's means (``loss``, ``loss_<term>``)."""
-    plugins = ctx._plugins
-    cfg = ctx.recipe.federation
-    optimizer = make_optimizer(objective.trained_params(model), cfg, ctx.round)
-    terms = before = None
-    if plugins is not None and plugins.implementers("loss_terms"):
-
-        def terms(m: nn.Module, batch: Batch) -> dict[str, Tensor]:
-            return plugins.claims("loss_terms", ctx=ctx, model=m, batch=batch)
-
-    if plugins is not None and plugins.implementers("before_step"):
-
-        def before(opt: torch.optim.Optimizer) -> None:
-            plugins.call("before_step", ctx=ctx, model=model, optimizer=opt)
-
-    try:
-        result = run_loop(
-            model,
-            objective,
-            optimizer,
-            objective.epochs or cfg.local_epochs,
-            terms=terms,
-            before_step=before,
-        )
-    except NonFiniteLoss as exc:
-        lr = optimizer.param_groups[0]["lr"]
-        raise NonFiniteLoss(f"{exc} (learning rate {lr:g}: too high for this model?)") from None
-    ctx.steps += result.steps
-    return result.last

@@ -29,6 +29,15 @@ def cross_entropy_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor
     return F.cross_entropy(logits(model, x), y)
 
 
+def supervised_step(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, dict]:
+    """Cross-entropy of encoder → classifier on a labelled batch, with the forward pass's
+    ``features`` (the encoder's output) and ``logits`` (what ``loss_terms`` receive)."""
+    x, y = batch
+    features = model["encoder"](x)
+    out = model["classifier"](features)
+    return F.cross_entropy(out, y), {"features": features, "logits": out}
+
+
 def supervised_objective(
     ctx: ClientContext, model: nn.ModuleDict, params: Iterable[nn.Parameter] | None = None
 ) -> Objective:
@@ -47,7 +56,7 @@ def supervised_objective(
             skip_single=skip_single,
         )
 
-    return Objective(cross_entropy_loss, epoch, params=list(params) if params is not None else None)
+    return Objective(supervised_step, epoch, params=list(params) if params is not None else None)
 
 
 @torch.no_grad()
