@@ -14,12 +14,58 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from PIL import Image
+from torch import Tensor
+from torchvision import transforms
+from torchvision.transforms import functional as TF
 
-from fedkit.ssl.augment import TwoViewAugment, torchvision_two_view
+from fedkit.ssl.augment import TwoViewAugment, _pair
+
+
+class TorchvisionTwoView:
+    """Per-image torchvision pipeline applied twice; a plain class so it pickles for workers.
+
+    Accepts a PIL image or a 3×H×W uint8 tensor (converted to PIL first).
+    """
+
+    def __init__(self, transform: Callable[[Image.Image], Tensor]) -> None:
+        self.transform = transform
+
+    def __call__(self, img: Image.Image | Tensor) -> tuple[Tensor, Tensor]:
+        if isinstance(img, Tensor):
+            img = TF.to_pil_image(img)
+        return self.transform(img), self.transform(img)
+
+
+def torchvision_two_view(
+    size: int | Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    scale: tuple[float, float] = (0.08, 1.0),
+    jitter: tuple[float, float, float, float] = (0.8, 0.8, 0.8, 0.2),
+    jitter_p: float = 0.8,
+    gray_p: float = 0.2,
+    flip_p: float = 0.5,
+    *,
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> TorchvisionTwoView:
+    """The standard per-image ``transforms.Compose`` with ``TwoViewAugment``'s settings:
+    the reference this benchmark times it against."""
+    pipeline = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(_pair(size), scale=scale, ratio=ratio),
+            transforms.RandomHorizontalFlip(p=flip_p),
+            transforms.RandomApply([transforms.ColorJitter(*jitter)], p=jitter_p),
+            transforms.RandomGrayscale(p=gray_p),
+            transforms.ToTensor(),
+            transforms.Normalize(mean, std),
+        ]
+    )
+    return TorchvisionTwoView(pipeline)
+
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)

@@ -28,7 +28,7 @@ import numpy as np
 
 from fedkit.config.schema import apply_overrides, load_raw, validate
 from fedkit.config.shipped import shipped
-from fedkit.core.engine import prepare, run_round
+from fedkit.core.engine import prepare, rounds
 
 CONFIGS: dict[str, tuple[str, list[str]]] = {
     "FedAvg": ("fedavg-digits-skew", []),
@@ -61,7 +61,7 @@ def run_config(name: str, seed: int) -> dict[str, Any]:
     recipe = validate(raw)
     began = time.perf_counter()
     run = prepare(recipe)
-    rows = [run_round(run, r) for r in range(1, recipe.federation.rounds + 1)]
+    rows = list(rounds(run))
     last = rows[-1]
     result = {
         "config": name,

@@ -100,7 +100,7 @@ def run_fedkit(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]
     active = activate(recipe(args))
     run = prepare(active.recipe, active)
     prepared = time.perf_counter()
-    data = run.server.data
+    data = run.data
     sizes = data.client_sizes()
     if sizes != [args.samples] * args.clients:
         raise SystemExit(f"expected {args.clients} clients of {args.samples} images, got {sizes}")

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedkit.config.schema import validate
-from fedkit.core.engine import Run, prepare, run_round
+from fedkit.core.engine import Run, prepare, rounds
 from fedkit.models.backbones import build_classifier, logits
 from fedkit.ssl.augment import TwoViewAugment
 from fedkit.testing import tiny_recipe
@@ -132,8 +132,8 @@ def fedkit_side(raw: dict[str, Any]) -> Callable[[], Callable[[], None]]:
         run = prepare(recipe_)
 
         def go() -> None:
-            for r in range(1, recipe_.federation.rounds + 1):
-                run_round(run, r)
+            for _ in rounds(run):
+                pass
             run.close()
 
         return go
@@ -143,10 +143,10 @@ def fedkit_side(raw: dict[str, Any]) -> Callable[[], Callable[[], None]]:
 
 def shards(run: Run) -> list[tuple[Tensor, Tensor]]:
     """Each client's (uint8 images, labels), indexed out of the run's own data."""
-    train = run.server.data.train
+    train = run.data.train
     return [
         (train.images[torch.as_tensor(i)], train.labels[torch.as_tensor(i)])
-        for i in run.server.data.clients
+        for i in run.data.clients
     ]
 
 
@@ -175,7 +175,7 @@ class Shared(NamedTuple):
 
 
 def shared(run: Run, model: torch.nn.Module) -> Shared:
-    train = run.server.data.train
+    train = run.data.train
     return Shared(
         run.recipe.federation,
         torch.tensor(train.mean).view(1, -1, 1, 1),
@@ -226,7 +226,7 @@ def bare_client(
 def bare_supervised(run: Run) -> Callable[[], Callable[[], None]]:
     """FedAvg by hand on the same data objects and initial model."""
     cfg = run.recipe.federation
-    model = build_classifier(run.recipe.backbone, run.server.data.num_classes)
+    model = build_classifier(run.recipe.backbone, run.server.num_classes)
     initial = {k: v.clone() for k, v in run.server.pool[0].items()}
     common, data = shared(run, model), shards(run)
 
@@ -253,7 +253,7 @@ def bare_fedu(run: Run) -> Callable[[], Callable[[], None]]:
     mu = run.plugins.objects["dapu"].options.mu
     model = copy.deepcopy(run.server.template)
     initial = {k: v.clone() for k, v in run.server.pool[0].items()}
-    train = run.server.data.train
+    train = run.data.train
     augment = TwoViewAugment(
         tuple(train.images.shape[-2:]), train.mean, train.std, scale=opts.crop_scale
     )

@@ -27,7 +27,7 @@ from overhead import average, bare_client, recipe, sampled, shards, shared
 import fedkit.core.engine
 import fedkit.core.worker
 from fedkit.config.schema import validate
-from fedkit.core.engine import prepare, run_round
+from fedkit.core.engine import prepare
 from fedkit.plugin.context import ClientContext
 
 TIMES: dict[str, list[float]] = defaultdict(list)
@@ -105,8 +105,9 @@ def fedkit_side(raw: dict[str, Any], rounds: int) -> Any:
     for owner, name, patch in patches:
         setattr(owner, name, patch)
     run = prepare(validate(raw))
-    for r in range(1, rounds + 1):
-        run_round(run, r)
+    for row in fedkit.core.engine.rounds(run):
+        if row["round"] == rounds:
+            break
     return run, kept["uploads"]
 
 

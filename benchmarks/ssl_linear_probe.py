@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fedkit.config.schema import Recipe, validate
-from fedkit.core.engine import prepare, run_round
+from fedkit.core.engine import prepare, rounds
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "random-init encoder (lower bound)": {"plugins": [{"fedbyol": {}}], "train": False},
@@ -125,8 +125,7 @@ def run_config(args: argparse.Namespace, name: str, seed: int) -> dict[str, Any]
         return {"config": name, "seed": seed, "linear_accuracy": acc, "seconds": 0.0}
     row: dict[str, Any] = {}
     decisions: dict[str, int] = {}
-    for r in range(1, recipe.federation.rounds + 1):
-        row = run_round(run, r)
+    for row in rounds(run):
         for entry in row["per_client"].values():
             if "dapu_global" in entry:
                 decision = "global" if entry["dapu_global"] else "local"

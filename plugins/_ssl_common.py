@@ -28,8 +28,9 @@ TARGET = ("target_encoder", "target_projector")
 class SSLOptions(PluginOptions):
     """Head sizes and augmentation strength shared by the contrastive plugins.
 
-    Defaults are FedU's (METHODS.md): projector in → 4096 → BN → ReLU → 2048, predictor
-    2048 → 4096 → 2048, RandomResizedCrop scale 0.08–1.
+    Defaults are the FedU paper's (docs/tutorials/fedbyol-fedsimsiam.md): projector
+    in → 4096 → BN → ReLU → 2048, predictor 2048 → 4096 → 2048, RandomResizedCrop scale
+    0.08–1.
     """
 
     projector_hidden: int = Field(4096, gt=0)

@@ -4,8 +4,9 @@ It claims only the predictor keys in ``update_client``, so it composes by recipe
 with any plugin whose model has a shared ``predictor`` part (``[fedu, dapu]``,
 ``[fedbyol, dapu]``, ``[fedsimsiam, dapu]``). Everything it does runs on the client.
 
-Divergence of client k in round r (METHODS.md, ``fedkit.ssl.divergence``): the mean over
-the encoder's convolution kernels of ‖W_global − W_k‖ between the global online encoder
+Divergence of client k in round r (the FedU paper; ``fedkit.ssl.divergence``,
+docs/tutorials/dapu.md): the mean over the encoder's convolution kernels of
+‖W_global − W_k‖ between the global online encoder
 the client received in round r and its online encoder after local training in round r,
 measured in ``after_local_train`` and kept in ``ctx.state``. At the client's next update,
 d < μ takes the global predictor and d ≥ μ keeps the local one; a first participation

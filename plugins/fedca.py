@@ -19,7 +19,7 @@
 
 Defaults are fedkit's choices, not verified against the FedCA paper: temperature 0.1,
 all local samples uploaded, no dictionary cap, alignment weight 0.01, public batch 64,
-base model SimCLR for 10 epochs. METHODS.md writes the alignment loss as a sum over the
+base model SimCLR for 10 epochs. The FedCA paper writes the alignment loss as a sum over the
 public set; the mean over a public batch differs by a constant factor held in
 ``align_weight``.
 """

@@ -38,6 +38,11 @@ def write_recipe(tmp_path: Path):
 LoadedEntryPoint = Loaded
 
 
+def tensor_bytes(tensors) -> int:
+    """Bytes the tensors take (what the ledger books for them)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def activate(raw: dict[str, Any], **extra: Any):
     """Validate a raw recipe and activate its plugins, with extra in-test plugins."""
     from fedkit.config.schema import validate

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import tensor_bytes
 from safetensors.torch import save_file
 
 from fedkit.config.schema import validate
 from fedkit.core.engine import prepare, run_round
-from fedkit.core.ledger import tensor_bytes
 from fedkit.models.backbones import create_backbone
 
 ROUNDS, CLIENTS, SAMPLED = 2, 6, 4

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_recipe
+from conftest import Spy, tiny_recipe
 from test_resume import checkpoint_round, fedkit
 from test_ssl_plugins import ssl_recipe
 
@@ -66,6 +66,55 @@ def test_ray_gives_the_same_metrics_as_sequential(ray_cluster, name):
     ray_rows, ray_pool = run_all(RECIPES[name], "ray")
     assert ray_rows == seq_rows
     assert same_pools(ray_pool, seq_pool)
+
+
+class Recording:
+    """Stands in for the ``ray`` module in an executor: what ``ray.get`` hands the driver
+    is pickled and kept, so a test can search it for bytes that must not be there."""
+
+    def __init__(self, ray_module) -> None:
+        self.ray, self.received = ray_module, bytearray()
+
+    def get(self, refs, *args, **kwargs):
+        import pickle
+
+        value = self.ray.get(refs, *args, **kwargs)
+        self.received += pickle.dumps(value)
+        return value
+
+    def __getattr__(self, name):
+        return getattr(self.ray, name)
+
+
+def test_no_clients_kept_memory_reaches_the_driver(ray_cluster):
+    raw = tiny_recipe(plugins=["fedavg", "fedbn"], federation={"rounds": 2})
+    raw["engine"] = {"executor": "ray", "workers": 2}
+    run = prepare(validate(raw))
+    spy = Spy()
+    run.plugins.add(spy, "spy")  # server side: sees the uploads as they arrived
+    recording = run.executor.ray = Recording(ray)
+    rows = [run_round(run, r) for r in (1, 2)]
+    run.executor.ray = ray  # inspecting memories below fetches them: stop recording
+    received = bytes(recording.received)
+    template = run.server.template.state_dict()
+    checked = 0
+    for cid in range(3):
+        kept = run.executor.memory(cid).model
+        for key in sorted(run.server.private):
+            value = kept[key]
+            if value.numel() < 8 or torch.equal(value, template[key]):
+                continue  # too short to be told apart, or still the template's
+            assert value.numpy().tobytes() not in received, (
+                f"client {cid}'s {key} reached the driver"
+            )
+            checked += 1
+    assert checked >= 10
+    # what clients send does reach it, and the search finds it there
+    upload = spy.uploads[2][0].tensors
+    key = next(k for k in upload if upload[k].numel() >= 8)
+    assert upload[key].numpy().tobytes() in received
+    assert rows[-1]["client_accuracy"]  # evaluation ran on the actors: scores only came back
+    run.close()
 
 
 def exactly_one(clients: int) -> float:

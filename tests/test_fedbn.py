@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from conftest import prepared, spied, tiny_recipe
+from conftest import prepared, spied, tensor_bytes, tiny_recipe
 from torch import nn
 
 from fedkit.core.engine import run_round
-from fedkit.core.ledger import tensor_bytes
 from fedkit.plugin.keys import norm_keys
 from fedkit.training import accuracy
 

@@ -8,14 +8,13 @@ import math
 
 import pytest
 import torch
-from conftest import client_context, kept_model, prepared, spied, tiny_recipe
+from conftest import client_context, kept_model, prepared, spied, tensor_bytes, tiny_recipe
 from torch import nn
 from typer.testing import CliRunner
 
 import fedkit.cli.app
 from fedkit.cli.app import app
 from fedkit.core.engine import run_round
-from fedkit.core.ledger import tensor_bytes
 from fedkit.errors import RecipeError
 from fedkit.plugin.registry import describe, discover
 from fedkit.rundir import checkpoint

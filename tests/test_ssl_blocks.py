@@ -17,7 +17,6 @@ from fedkit.ssl.augment import (
     adjust_saturation,
     crop_resize_flip,
     sample_crop_boxes,
-    torchvision_two_view,
 )
 from fedkit.ssl.ema import copy_params, ema_update
 from fedkit.ssl.losses import (
@@ -218,12 +217,6 @@ def test_colour_ops_match_torchvision_tensor_ops():
     shifts = torch.tensor([-0.4, -0.1, 0.2, 0.5])
     expect = torch.stack([TF.adjust_hue(xi, s.item()) for xi, s in zip(x, shifts, strict=True)])
     assert torch.allclose(adjust_hue(x, shifts), expect, atol=1e-5)
-
-
-def test_torchvision_reference_pipeline_shapes():
-    two = torchvision_two_view(16, MEAN, STD)
-    a, b = two(_images(1)[0])
-    assert a.shape == b.shape == (3, 16, 16) and a.dtype == torch.float32
 
 
 # ---------------------------------------------------------------- heads

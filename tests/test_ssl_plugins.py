@@ -8,11 +8,10 @@ import math
 
 import pytest
 import torch
-from conftest import kept_model, prepared, spied, tiny_recipe
+from conftest import kept_model, prepared, spied, tensor_bytes, tiny_recipe
 from torch import nn
 
 from fedkit.core.engine import run_round
-from fedkit.core.ledger import tensor_bytes
 from fedkit.evaluation.scoring import score_encoder
 from fedkit_plugins._ssl_common import byol_loss_fn
 from fedkit_plugins.fedsimclr import FedSimCLR

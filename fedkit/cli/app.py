@@ -279,7 +279,7 @@ def eval_(
     set_: SetOption = None,
 ) -> None:
     """Evaluate a saved run's encoder (knn, linear or semi), also on another data set."""
-    from fedkit.cli.evaluate import evaluate_run
+    from fedkit.cli.offline_eval import evaluate_run
     from fedkit.core import runs
 
     with friendly_errors():

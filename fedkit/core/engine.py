@@ -130,7 +130,7 @@ def prepare(
     if recipe.channels_last:
         models = [m.to(memory_format=torch.channels_last) for m in models]
     answers = plugins.call("private_keys", server=server, model=models[0])
-    server.set_pool(models, frozenset(k for keys in answers for k in keys or ()))
+    server._set_pool(models, frozenset(k for keys in answers for k in keys or ()))
     patterns = plugins.call("auxiliary_keys", server=server)
     server.ledger.aux_patterns = tuple(p for found in patterns for p in found or ())
     kept = kept_keys(plugins, server)

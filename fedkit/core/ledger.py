@@ -10,7 +10,7 @@ One row per (round, client): bytes sent down and up, each in three categories:
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -18,10 +18,6 @@ if TYPE_CHECKING:
 
 CATEGORIES = ("model", "aux", "data")
 FIELDS = tuple(f"{d}_{c}" for d in ("down", "up") for c in CATEGORIES)
-
-
-def tensor_bytes(tensors: Iterable[Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class Ledger:

@@ -125,7 +125,7 @@ class Server:
         """Add entries to this round's metrics row (JSON values, deterministic)."""
         self._row.update(values)
 
-    def set_pool(self, models: list[nn.ModuleDict], private: frozenset[str]) -> None:
+    def _set_pool(self, models: list[nn.ModuleDict], private: frozenset[str]) -> None:
         """Install the initial pool: the shared keys of each model; the first is the template."""
         self.template, self.private = copy.deepcopy(models[0]).cpu(), frozenset(private)
         self.ledger.model_keys = frozenset(self.template.state_dict())

@@ -18,9 +18,9 @@ def mlp(
 ) -> nn.Sequential:
     """Linear layers with BN+ReLU between them: in → hidden → [BN] → ReLU → … → out [→ BN].
 
-    ``layers`` counts Linear layers. ``mlp(d, 4096, 2048)`` is the projector/predictor of
-    the BYOL family in METHODS.md; ``mlp(d, 512, 512, bn_last=True)`` is the small BYOL
-    projector used for server pre-training.
+    ``layers`` counts Linear layers. ``mlp(d, 4096, 2048)`` is the FedU paper's projector
+    and predictor (docs/tutorials/fedbyol-fedsimsiam.md); ``mlp(d, 512, 512,
+    bn_last=True)`` is the small BYOL projector used for server pre-training.
     """
     if layers < 1:
         raise ValueError(f"layers must be >= 1, got {layers}")

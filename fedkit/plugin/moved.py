@@ -38,7 +38,7 @@ MOVED: dict[str, tuple[str, dict[str, str]]] = {
     "fedkit.state_store": ("fedkit.rundir.store", {}),
     "fedkit.aggregation": ("fedkit.core.aggregation", {}),
     "fedkit.evaluation.runner": ("fedkit.evaluation.scoring", {}),
-    "fedkit.evaluation.offline": ("fedkit.cli.evaluate", {}),
+    "fedkit.evaluation.offline": ("fedkit.cli.offline_eval", {}),
     "fedkit.diagnostics": ("fedkit.plugin.authoring", {"dry_round": "fedkit.core.runs"}),
     "fedkit.newplugin": ("fedkit.cli.newplugin", {}),
 }

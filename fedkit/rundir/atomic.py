@@ -48,10 +48,6 @@ def write_json(path: str | Path, value: Any) -> str:
     return write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
-def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> str:
-    return write_text(path, "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
-
-
 def write_safetensors(
     path: str | Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None
 ) -> str:

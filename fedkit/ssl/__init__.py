@@ -1,6 +1,6 @@
 """Self-supervised building blocks: batched two-view augmentation, losses, EMA."""
 
-from fedkit.ssl.augment import TwoViewAugment, torchvision_two_view
+from fedkit.ssl.augment import TwoViewAugment
 from fedkit.ssl.ema import copy_params, ema_update
 from fedkit.ssl.losses import (
     byol_loss,
@@ -19,5 +19,4 @@ __all__ = [
     "nt_xent",
     "simsiam_loss",
     "simsiam_symmetric",
-    "torchvision_two_view",
 ]

@@ -16,9 +16,6 @@ as batched tensor maths on the batch's own device. Ops, in torchvision's order:
    tensor ``adjust_hue``), not a YIQ rotation.
 4. Grayscale with probability ``gray_p`` (ITU-R 601 luma, copied to three channels).
 5. Normalisation with ``mean``/``std``.
-
-``torchvision_two_view`` builds the usual per-image ``transforms.Compose`` with the same
-settings, as a reference for correctness and speed comparisons.
 """
 
 from __future__ import annotations
@@ -28,10 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import Tensor, nn
-from torchvision import transforms
-from torchvision.transforms import functional as TF
 
 _LUMA = (0.299, 0.587, 0.114)
 _CROP_TRIES = 10
@@ -205,9 +199,10 @@ class TwoViewAugment(nn.Module):
 
     ``jitter`` is the (brightness, contrast, saturation, hue) strength: factors are drawn
     from [max(0, 1−s), 1+s] and the hue shift from [−h, h]. The default (0.8, 0.8, 0.8, 0.2)
-    is the BYOL-family setting in METHODS.md; (0.4, 0.4, 0.4, 0.1) is the common
-    torchvision/SimCLR-CIFAR one. Input: N×3×H×W uint8 or float in [0, 1], any device.
-    Output: float views (float32 for uint8 input), normalised, on the input's device.
+    is the FedU paper's setting (docs/tutorials/fedbyol-fedsimsiam.md); (0.4, 0.4, 0.4,
+    0.1) is the common torchvision/SimCLR-CIFAR one. Input: N×3×H×W uint8 or float in
+    [0, 1], any device. Output: float views (float32 for uint8 input), normalised, on the
+    input's device.
     """
 
     def __init__(
@@ -300,44 +295,3 @@ class TwoViewAugment(nn.Module):
     def forward(self, x: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Two independently augmented views of the batch ``x``."""
         return self.augment_one(x, generator), self.augment_one(x, generator)
-
-
-class TorchvisionTwoView:
-    """Per-image torchvision pipeline applied twice; a plain class so it pickles for workers.
-
-    Accepts a PIL image or a 3×H×W uint8 tensor (converted to PIL first).
-    """
-
-    def __init__(self, transform: Callable[[Image.Image], Tensor]) -> None:
-        self.transform = transform
-
-    def __call__(self, img: Image.Image | Tensor) -> tuple[Tensor, Tensor]:
-        if isinstance(img, Tensor):
-            img = TF.to_pil_image(img)
-        return self.transform(img), self.transform(img)
-
-
-def torchvision_two_view(
-    size: int | Sequence[int],
-    mean: Sequence[float],
-    std: Sequence[float],
-    scale: tuple[float, float] = (0.08, 1.0),
-    jitter: tuple[float, float, float, float] = (0.8, 0.8, 0.8, 0.2),
-    jitter_p: float = 0.8,
-    gray_p: float = 0.2,
-    flip_p: float = 0.5,
-    *,
-    ratio: tuple[float, float] = (3 / 4, 4 / 3),
-) -> TorchvisionTwoView:
-    """The standard per-image ``transforms.Compose``, same settings as ``TwoViewAugment``."""
-    pipeline = transforms.Compose(
-        [
-            transforms.RandomResizedCrop(_pair(size), scale=scale, ratio=ratio),
-            transforms.RandomHorizontalFlip(p=flip_p),
-            transforms.RandomApply([transforms.ColorJitter(*jitter)], p=jitter_p),
-            transforms.RandomGrayscale(p=gray_p),
-            transforms.ToTensor(),
-            transforms.Normalize(mean, std),
-        ]
-    )
-    return TorchvisionTwoView(pipeline)
