@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fedkit import hookimpl
-from fedkit.data import datasets
+from fedkit.data.datasets import (
+    load_cifar,
+    load_digits,
+    load_imagefolder,
+    load_mnist_like,
+    load_stl10,
+    load_svhn,
+)
 
 FOLDER_HINT = (
     "a folder with train/<class>/ and test/<class>/ image folders; for CIFAR-10, "
@@ -19,11 +26,11 @@ FOLDER_HINT = (
 
 @hookimpl
 def register_datasets(register: Callable[..., None]) -> None:
-    register("digits", datasets.load_digits, needs_root=False)
+    register("digits", load_digits, needs_root=False)
     for name in ("cifar10", "cifar100"):
-        register(name, datasets.load_cifar, download=True)
-    register("stl10", datasets.load_stl10, download=True, splits=("train", "test", "unlabeled"))
+        register(name, load_cifar, download=True)
+    register("stl10", load_stl10, download=True, splits=("train", "test", "unlabeled"))
     for name in ("mnist", "emnist", "fashion_mnist"):
-        register(name, datasets.load_mnist_like, download=True)
-    register("svhn", datasets.load_svhn, download=True)
-    register("imagefolder", datasets.load_imagefolder, root_hint=FOLDER_HINT)
+        register(name, load_mnist_like, download=True)
+    register("svhn", load_svhn, download=True)
+    register("imagefolder", load_imagefolder, root_hint=FOLDER_HINT)

@@ -6,6 +6,7 @@ of the client context and the server is documented in docs/plugins.md."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -141,5 +142,5 @@ def test_every_context_and_server_attribute_is_documented():
 def test_the_guide_opens_with_at_most_eight_concepts():
     page = (ROOT / "docs" / "plugins.md").read_text()
     opening = page.split("## The concepts", 1)[1].split("\n## ", 1)[0]
-    concepts = [line for line in opening.splitlines() if line[:3].rstrip(".").isdigit()]
+    concepts = [line for line in opening.splitlines() if re.match(r"\d+\. ", line)]
     assert 1 <= len(concepts) <= 8

@@ -13,7 +13,7 @@ from conftest import prepared, tiny_recipe
 
 from fedkit import PROJECT
 from fedkit.core.engine import run_round
-from fedkit.plugin.registry import hook_names
+from fedkit.plugin.registry import collect, hook_names, registers_only
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "docs" / "plugins.md").read_text()
@@ -48,17 +48,38 @@ def test_the_page_has_examples_for_most_hooks():
     assert len(covered) >= len(hook_names()) - 1
 
 
+def uses_what_it_registers(raw: dict, plugin: type) -> dict:
+    """The recipe naming what a registry plugin registers (its data set, partitioner,
+    executor or store)."""
+    registered = collect({"example": plugin})
+    raw = {**raw, "data": dict(raw["data"]), "engine": {}}
+    for name in registered.datasets:
+        raw["data"].update(dataset=name, max_train=None, image_size=8)
+    for name in registered.partitioners:
+        raw["data"]["partition"] = {"name": name}
+    for name in registered.executors:
+        raw["engine"]["executor"] = name
+    for name in registered.stores:
+        raw["engine"]["store"] = name
+    return raw
+
+
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_each_example_runs_in_a_federation(name):
-    alone = hasattr(EXAMPLES[name], "init_models")  # a method of its own
+    plugin = EXAMPLES[name]
+    alone = hasattr(plugin, "init_models")  # a method of its own
+    listed = [] if registers_only(plugin) else ["example"]
     raw = tiny_recipe(
-        plugins=["example"] if alone else ["example", "fedavg"],
+        plugins=listed if alone else [*listed, "fedavg"],
         federation={"rounds": 2, "optimizer": {"name": "sgd", "lr": 0.05}},
         data={"max_train": 150, "server_fraction": 0.1},
     )
-    run = prepared(raw, example=EXAMPLES[name])
+    if registers_only(plugin):
+        raw = uses_what_it_registers(raw, plugin)
+    run = prepared(raw, example=plugin)
     rows = [run_round(run, r) for r in (1, 2)]
     assert rows[-1]["clients"] and 0.0 <= rows[-1]["test_accuracy"] <= 1.0
+    run.close()
 
 
 def public_api() -> str:

@@ -1,11 +1,14 @@
 """FedProx: the proximal term's value, μ = 0 reducing to the method alone bit for bit,
-μ > 0 changing training, and the same plugin composing with SSL methods."""
+μ > 0 changing training, the same plugin composing with SSL methods, and one term: the
+guide's walk-through and the new-plugin template compute exactly the plugin's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
-from conftest import prepared, tiny_recipe
+from conftest import client_context, prepared, tiny_recipe
 from test_ssl_plugins import ssl_recipe
 from torch import nn
 
@@ -77,3 +80,51 @@ def test_composes_unchanged_with_ssl_methods(method):
         )
     }
     assert drift["prox"] < drift["plain"]
+
+
+def _guides_proximal() -> type:
+    """The ``Proximal`` class of docs/plugins.md's FedProx walk-through."""
+    import re
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "plugins.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "class Proximal" in b)
+    namespace: dict = {}
+    exec(compile(block, "docs/plugins.md", "exec"), namespace)  # noqa: S102
+    return namespace["Proximal"]
+
+
+def _templates_plugin(tmp_path) -> type:
+    """The plugin class ``fedkit new-plugin`` writes."""
+    import importlib.util
+
+    from fedkit.cli.newplugin import create
+
+    root = create("proxcheck", tmp_path)
+    spec = importlib.util.spec_from_file_location(
+        "proxcheck_plugin", root / "proxcheck" / "plugin.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Proxcheck
+
+
+def test_the_guide_and_the_template_compute_the_plugins_term(tmp_path):
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"lin": nn.Linear(3, 2), "frozen": nn.Linear(2, 2)})
+    model["frozen"].requires_grad_(False)
+    received = {k: v + torch.randn_like(v) for k, v in model.state_dict().items()}
+    ctx = client_context(tiny_recipe(), received=received)
+    terms = {
+        "plugin": FedProx(FedProx.Options(mu=0.3)).loss_terms(ctx, model, None)["prox"],
+        "guide": (g := _guides_proximal())(g.Options(mu=0.3)).loss_terms(ctx, model, None)["prox"],
+        "template": (t := _templates_plugin(tmp_path))(t.Options(weight=0.3)).loss_terms(
+            ctx, model, None
+        )["proxcheck"],
+    }
+    trained = sum(
+        (w - received[name]).pow(2).sum()
+        for name, w in model.named_parameters()
+        if name.startswith("lin.")  # the frozen layer is left out
+    )
+    assert terms["plugin"].item() == pytest.approx(0.5 * 0.3 * trained.item())
+    assert terms["guide"].item() == terms["plugin"].item() == terms["template"].item()

@@ -54,8 +54,7 @@ from typing import Any
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkit import PluginOptions, hookimpl
-from fedkit.plugin.context import ClientContext
+from fedkit import ClientContext, PluginOptions, hookimpl
 
 
 class {cls}:
@@ -73,7 +72,7 @@ class {cls}:
         squares = [
             (w - w_global[name].to(w.device)).pow(2).sum()
             for name, w in model.named_parameters()
-            if name in w_global
+            if name in w_global and w.requires_grad
         ]
         return {{"{name}": 0.5 * self.weight * sum(squares)}}
 '''
@@ -98,12 +97,13 @@ plugins:
 """
 
 TEST = '''\
-"""The {name} plugin: installed, a no-op at weight 0, a logged term that changes training."""
+"""The {name} plugin: installed, a no-op at weight 0, a logged term that changes training,
+and the same numbers when each client job runs as in a worker process of its own."""
 
 from pathlib import Path
 
-from fedkit.plugin.manager import discover
-from fedkit.config.schema import load_recipe
+from fedkit import load_recipe
+from fedkit.plugin.registry import discover
 from fedkit.testing import assert_same_runs, run_recipe, tiny_recipe
 
 HERE = Path(__file__).resolve().parent.parent
@@ -127,6 +127,14 @@ def test_the_term_is_logged_and_changes_training():
     assert mine.rows[-1]["train_loss_{name}"] > 0
     key = "classifier.weight"
     assert not (plain.pool[0][key] == mine.pool[0][key]).all()
+
+
+def test_the_plugin_keeps_nothing_across_the_sides():
+    # the isolated executor rebuilds the client-side plugin for every job and pickles
+    # everything that crosses: a plugin that passes state through ``self`` differs here
+    here = run_recipe(with_plugin(1.0))
+    isolated = run_recipe(with_plugin(1.0), overrides=["engine.executor=isolated"])
+    assert_same_runs(here, isolated)
 
 
 def test_the_recipe_validates():

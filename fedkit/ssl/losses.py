@@ -29,8 +29,8 @@ def simsiam_loss(p: Tensor, z: Tensor) -> Tensor:
 
 
 def byol_symmetric(p1: Tensor, p2: Tensor, z1: Tensor, z2: Tensor) -> Tensor:
-    """ℓ(p1, z2) + ℓ(p2, z1): the two view orders summed (not averaged), as the FedU paper
-    writes it."""
+    """ℓ(p1, z2) + ℓ(p2, z1): the two view orders summed (not averaged), as the BYOL-family
+    papers write it."""
     return byol_loss(p1, z2) + byol_loss(p2, z1)
 
 
