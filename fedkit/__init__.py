@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from fedkit.plugin import moved
+from fedkit.plugin import migration
 from fedkit.plugin.markers import DROP, PROJECT, hookimpl
 from fedkit.plugin.options import PluginOptions
 
@@ -33,7 +33,7 @@ PUBLIC = {
 }
 """The names loaded on first use, and their homes."""
 
-moved.install()
+migration.install()
 
 
 def __getattr__(name: str) -> Any:

@@ -54,7 +54,7 @@ def test_a_new_plugin_installs_and_its_tests_pass(tmp_path):
         env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
     )
     assert tested.returncode == 0, tested.stdout + tested.stderr
-    assert "4 passed" in tested.stdout
+    assert "5 passed" in tested.stdout
     again = CliRunner().invoke(app, ["new-plugin", "myprox", "--dir", str(tmp_path)])
     assert again.exit_code == 2 and "already exists" in again.output
     bad = CliRunner().invoke(app, ["new-plugin", "My-Prox", "--dir", str(tmp_path)])

@@ -50,4 +50,4 @@ def test_tutorial_commands_run(page, tmp_path, monkeypatch):
             final = read_metrics(out)[-1]
             scores = read_clients(out)[-1]["client_linear_accuracy"]  # per-client log
             assert set(scores) == {"0", "1", "2"}
-            assert final["personal_linear_accuracy"] == pytest.approx(sum(scores.values()) / 3)
+            assert final["personalized_linear_accuracy"] == pytest.approx(sum(scores.values()) / 3)

@@ -2,7 +2,7 @@
 that does all of it, ``run(recipe)``.
 
 A run directory holds the resolved recipe, the partition, the append-only logs
-(``fedkit.rundir.journal``), checkpoints (``fedkit.rundir.checkpoint``) and a summary.
+(``fedkit.rundir.logs``), checkpoints (``fedkit.rundir.checkpoint``) and a summary.
 fedkit writes only in a directory it created or found empty, refuses to resume with a
 recipe other than the one the checkpoint was written with (except a longer
 ``federation.rounds`` or other evaluation settings, given with ``--set``), and removes
@@ -41,9 +41,20 @@ from fedkit.plugin.manager import Plugins
 from fedkit.plugin.registry import discover
 from fedkit.rundir import checkpoint
 from fedkit.rundir.atomic import remove_temporary, write_json, write_text
-from fedkit.rundir.journal import JOURNAL, append_logs, log_states, restore_logs, split_row
 from fedkit.rundir.lock import LOCK
-from fedkit.rundir.logs import CLIENTS, FAILURES, LEDGER, METRICS, RECIPE, read_metrics
+from fedkit.rundir.logs import (
+    CLIENTS,
+    FAILURES,
+    JOURNAL,
+    LEDGER,
+    METRICS,
+    RECIPE,
+    append_logs,
+    log_states,
+    read_metrics,
+    restore_logs,
+    split_row,
+)
 from fedkit.rundir.store import MEMORIES
 
 RESUME_KEYS = ("federation.rounds", "evaluation.")

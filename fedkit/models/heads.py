@@ -19,7 +19,7 @@ def mlp(
     """Linear layers with BN+ReLU between them: in → hidden → [BN] → ReLU → … → out [→ BN].
 
     ``layers`` counts Linear layers. ``mlp(d, 4096, 2048)`` is the BYOL family's projector
-    and predictor (docs/tutorials/fedbyol-fedsimsiam.md); ``mlp(d, 512, 512,
+    and predictor (the BYOL tutorial page); ``mlp(d, 512, 512,
     bn_last=True)`` is the small BYOL projector used for server pre-training.
     """
     if layers < 1:

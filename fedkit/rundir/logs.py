@@ -1,14 +1,27 @@
-"""A run directory's log files and their readers, light enough for reports and scripts.
+"""A run directory's log files: their names, their readers, and how they are written.
 
-These readers import neither torch nor the engine, so ``fedkit report`` and analysis
-scripts start fast. The rows' meaning is described in ``docs/runs.md``.
+Logs are JSON lines, appended at each checkpoint with the rounds done since the last
+one: ``metrics.jsonl`` (one small row per round), ``clients.jsonl`` (per round: what
+each sampled client reported, the cluster it chose, per-client evaluation),
+``ledger.jsonl`` (bytes per round and client) and ``failures.jsonl`` (clients that
+failed). Each is fsynced as it grows and has a second copy under
+``checkpoints/journal/``; a checkpoint records each log's length and the hash of that
+prefix, so resume cuts whatever was appended after it and rebuilds a damaged or deleted
+log from its copy. Nothing is rewritten as a run grows. This module imports neither torch
+nor the engine, so ``fedkit report`` and analysis scripts start fast; the rows' meaning
+is in ``docs/runs.md``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+from fedkit.errors import FedkitError
+from fedkit.rundir.atomic import write_bytes
+from fedkit.rundir.integrity import sha256_file
 
 RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
@@ -44,3 +57,90 @@ def read_ledger(out: str | Path) -> list[dict[str, Any]]:
 def read_failures(out: str | Path) -> list[dict[str, Any]]:
     """Clients that failed: round, client, attempt, kind and message."""
     return read_jsonl(Path(out) / FAILURES)
+
+
+JOURNAL = Path("checkpoints") / "journal"
+PER_CLIENT = ("per_client", "clusters")
+
+
+def per_client_key(key: str, value: Any) -> bool:
+    """Whether a row entry holds one value per client (it goes to ``clients.jsonl``)."""
+    return key in PER_CLIENT or (key.startswith("client_") and isinstance(value, dict))
+
+
+def split_row(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A round's metrics row without its per-client parts, and those parts: what each
+    sampled client reported, the cluster each chose, per-client evaluation
+    (``client_*``) — so rows stay small however many clients there are."""
+    slim = {k: v for k, v in row.items() if not per_client_key(k, v)}
+    sampled = {str(c) for c in row.get("clients", [])}
+    clusters = {c: k for c, k in row.get("clusters", {}).items() if c in sampled}
+    clients = {k: v for k, v in row.items() if per_client_key(k, v) and k not in PER_CLIENT}
+    per_client = row.get("per_client", {})
+    return slim, {"round": row["round"], "per_client": per_client, "clusters": clusters, **clients}
+
+
+def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Append rows and make them durable (the checkpoint then records the file's length)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def append_logs(out: Path, entries: dict[str, list[dict[str, Any]]]) -> None:
+    """Append new rows to each log and to its journal copy."""
+    for name, new in entries.items():
+        append_jsonl(out / name, new)
+        append_jsonl(out / JOURNAL / name, new)
+
+
+def log_states(out: Path) -> dict[str, dict[str, Any]]:
+    """Each log's length and the SHA-256 of its content (recorded by a checkpoint)."""
+    states = {}
+    for name in LOGS:
+        path = out / name
+        length = path.stat().st_size if path.exists() else 0
+        states[name] = {"length": length, "sha256": sha256_file(path) if length else ""}
+    return states
+
+
+def _intact(path: Path, state: dict[str, Any]) -> bool:
+    length = state["length"]
+    if length == 0:
+        return True
+    return (
+        path.is_file()
+        and path.stat().st_size >= length
+        and sha256_file(path, length) == state["sha256"]
+    )
+
+
+def _cut(path: Path, length: int) -> None:
+    if path.exists() and path.stat().st_size > length:
+        with path.open("r+b") as handle:
+            handle.truncate(length)
+
+
+def restore_logs(out: Path, states: dict[str, dict[str, Any]]) -> list[str]:
+    """Bring every log (and its journal copy) back to what the checkpoint recorded: cut
+    what came after, rebuild a damaged or missing one from the other copy. Returns notes
+    on what was repaired; stops when both copies of a log are damaged."""
+    notes = []
+    for name, state in states.items():
+        main, copy = out / name, out / JOURNAL / name
+        main_ok, copy_ok = _intact(main, state), _intact(copy, state)
+        if not main_ok and not copy_ok:
+            raise FedkitError(
+                f"{main} and its copy {copy} are both damaged or shorter than the checkpoint "
+                f"recorded ({state['length']} bytes); the rows up to the checkpoint are lost"
+            )
+        if not main_ok:
+            write_bytes(main, copy.read_bytes()[: state["length"]])
+            notes.append(f"{name} was damaged or missing; rebuilt from {JOURNAL / name}")
+        elif not copy_ok:
+            write_bytes(copy, main.read_bytes()[: state["length"]])
+        for path in (main, copy):
+            _cut(path, state["length"])
+    return notes

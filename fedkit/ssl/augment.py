@@ -199,7 +199,7 @@ class TwoViewAugment(nn.Module):
 
     ``jitter`` is the (brightness, contrast, saturation, hue) strength: factors are drawn
     from [max(0, 1−s), 1+s] and the hue shift from [−h, h]. The default (0.8, 0.8, 0.8, 0.2)
-    is the BYOL family's setting (docs/tutorials/fedbyol-fedsimsiam.md); (0.4, 0.4, 0.4,
+    is the BYOL family's setting (the BYOL tutorial page); (0.4, 0.4, 0.4,
     0.1) is the common torchvision/SimCLR-CIFAR one. Input: N×3×H×W uint8 or float in
     [0, 1], any device. Output: float views (float32 for uint8 input), normalised, on the
     input's device.
