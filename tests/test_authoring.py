@@ -27,24 +27,24 @@ PLUGINS = {
     """,
     "unmarked": """
         class Unmarked:
-            def round_end(self, server, metrics):
-                metrics["x"] = 1
+            def round_end(self, server):
+                server.log(x=1)
     """,
     "nohook": """
         from fedkit import hookimpl
 
         class NoHook:
             @hookimpl
-            def round_ends(self, server, metrics):
-                metrics["x"] = 1
+            def round_ends(self, server):
+                server.log(x=1)
     """,
     "signature": """
         from fedkit import hookimpl
 
         class Signature:
             @hookimpl
-            def round_end(self, server, metrics, client):
-                metrics["x"] = 1
+            def round_end(self, server, client):
+                server.log(x=1)
     """,
     "broken": """
         import a_module_that_does_not_exist
@@ -61,7 +61,7 @@ PLUGINS = {
                 return {"classifier.bias": local["classifier.bias"]}
 
             @hookimpl
-            def kept_keys(self, recipe, model):
+            def kept_keys(self, server, model):
                 return ["classifier.bias"]
     """,
     "alsobias": """
@@ -73,7 +73,7 @@ PLUGINS = {
                 return {"classifier.bias": received["classifier.bias"]}
 
             @hookimpl
-            def kept_keys(self, recipe, model):
+            def kept_keys(self, server, model):
                 return []
     """,
     "badshape": """

@@ -85,8 +85,8 @@ class Shrink:
         return {"classifier.bias": mean * self.factor}
 
     @hookimpl
-    def round_end(self, server, metrics):
-        metrics["shrink_factor"] = self.factor
+    def round_end(self, server):
+        server.log(shrink_factor=self.factor)
 '''
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import kept_model, prepared, spied
 
-from fedkit import hookimpl
+from fedkit import DROP, hookimpl
 from fedkit.core.engine import run_round, update_cluster
 from fedkit.core.server import Upload
 from fedkit.errors import ClaimConflict, PluginError
@@ -34,7 +34,7 @@ class PrivateHead:
     """Declares the classifier private: never in the pool, never uploaded."""
 
     @hookimpl
-    def private_keys(self, recipe, model):
+    def private_keys(self, server, model):
         return under(model, "classifier")
 
 
@@ -43,7 +43,7 @@ class SendFeatures:
 
     @hookimpl
     def upload_selection(self, ctx, local, model):
-        return {"features.mean": torch.ones(4), "encoder.conv1.0.weight": None}
+        return {"features.mean": torch.ones(4), "encoder.conv1.0.weight": DROP}
 
     @hookimpl
     def aggregate(self, server, cluster, uploads):
@@ -52,7 +52,7 @@ class SendFeatures:
 
 class Broken:
     @hookimpl
-    def round_end(self, server, metrics):
+    def round_end(self, server):
         raise ValueError("boom")
 
 
@@ -73,7 +73,8 @@ class Recorder:
         self.seen[ctx.id] = {k: v.clone() for k, v in model.state_dict().items()}
         with torch.no_grad():
             model["classifier"].bias.add_(ctx.id + 1.0)
-        return {"loss": 0.0}
+        ctx.log(loss=0.0)
+        return True
 
 
 def test_unclaimed_keys_are_replaced_and_claimed_keys_kept():
@@ -176,3 +177,30 @@ def test_pool_is_weighted_mean_of_what_each_client_trained():
     expected = sum(s[key].double() * n for s, n in zip(states, sizes, strict=True)) / sum(sizes)
     assert not torch.equal(states[0][key], states[1][key])
     assert torch.allclose(run.server.pool[0][key].double(), expected, atol=1e-6)
+
+
+class DropsInUpdate:
+    @hookimpl
+    def kept_keys(self, server, model):
+        return []
+
+    @hookimpl
+    def update_client(self, ctx, received, local):
+        return {"classifier.bias": DROP}
+
+
+class DropsOnTheServer:
+    @hookimpl
+    def server_update(self, server, cluster, previous, aggregated):
+        return {"classifier.bias": DROP}
+
+
+def test_drop_removes_a_key_where_it_can_and_is_an_error_elsewhere():
+    from fedkit.errors import RoundFailed
+
+    run = prepared(recipe("fedavg", "drops"), drops=DropsInUpdate())
+    with pytest.raises(RoundFailed, match="fedkit.DROP, which only upload_selection"):
+        run_round(run, 1)
+    run = prepared(recipe("fedavg", "server"), server=DropsOnTheServer())
+    run_round(run, 1)
+    assert "classifier.bias" not in run.server.pool[0] and "classifier.weight" in run.server.pool[0]

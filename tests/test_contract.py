@@ -266,7 +266,7 @@ class Extras:
     """Uploads an auxiliary and a data-derived tensor and logs a value per client."""
 
     @hookimpl
-    def auxiliary_keys(self, recipe):
+    def auxiliary_keys(self, server):
         return ["extra.aux*"]
 
     @hookimpl
@@ -298,10 +298,11 @@ class OwnLoop:
 
     @hookimpl
     def local_train(self, ctx, model):
-        return {"loss": 1.0, "extra": float(ctx.id)}
+        ctx.log(loss=1.0, extra=float(ctx.id))
+        return True
 
 
-def test_every_number_local_training_returns_reaches_the_metrics_row():
+def test_every_number_a_loop_of_its_own_logs_reaches_the_metrics_row():
     run = prepared(tiny_recipe(plugins=["loop", "fedavg"]), loop=OwnLoop())
     row = run_round(run, 1)
     sizes = {c.id: c.num_samples for c in run.server.roster}

@@ -385,7 +385,11 @@ def update_cluster(run: Run, cluster: int, uploads: list[Upload]) -> dict[str, T
         previous=previous,
         aggregated=state,
     )
-    state.update({k: v.detach().cpu() for k, v in updated.items()})
+    for key, value in updated.items():
+        if value is DROP:
+            state.pop(key, None)
+        else:
+            state[key] = value.detach().cpu()
     bad = non_finite(state)
     if bad is not None:
         raise RoundFailed(

@@ -81,15 +81,15 @@ def check_plugin(name: str, obj: Any) -> list[Finding]:
                 )
             continue
         if marked and attr in hooks:
-            provided = [*SPEC_ARGS[attr], *LEGACY_ARGUMENTS.get(attr, {})]
+            accepted = [*SPEC_ARGS[attr], *LEGACY_ARGUMENTS.get(attr, {})]  # v2 ones adapted
             found += [
                 Finding(
                     name,
                     f"hook {attr!r} asks for argument {arg!r}, which it does not get "
-                    f"(it gets {', '.join(provided)})",
+                    f"(it gets {', '.join(SPEC_ARGS[attr])})",
                 )
                 for arg in impl_args(fn)
-                if arg not in provided
+                if arg not in accepted
             ]
     return found
 

@@ -25,7 +25,8 @@ is the call order (``tryfirst``/``trylast`` are refused).
   implementing one is an error (the second would never run).
 * **claims** (key-level): every plugin returns ``{key: value}`` for the keys it takes
   charge of; keys nobody claims get the core default. Two plugins claiming one key is an
-  error naming both. ``fedkit.DROP`` as a value removes the key.
+  error naming both. ``fedkit.DROP`` as a value removes the key (``upload_selection``,
+  ``aggregate``, ``server_update``).
 * **chain**: each plugin, in recipe order, receives the previous plugin's result and may
   return a replacement (``None`` keeps it).
 
@@ -451,9 +452,9 @@ def server_update(
 
     Called on the server per aggregated cluster, after ``aggregate``. ``previous`` is the
     cluster state the round started from, ``aggregated`` the result of aggregation.
-    Unclaimed keys take the aggregated value. Server momentum or Adam treat
-    ``previous − aggregated`` as a pseudo-gradient here; keep optimiser state in
-    ``server.tensors``.
+    Unclaimed keys take the aggregated value; ``fedkit.DROP`` removes a key. Server
+    momentum or Adam treat ``previous − aggregated`` as a pseudo-gradient here; keep
+    optimiser state in ``server.tensors``.
 
     :param server: the server.
     :param cluster: the cluster index.

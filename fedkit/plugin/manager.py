@@ -50,6 +50,8 @@ from fedkit.plugin.registry import (
 )
 
 SIDES = (hookspecs.SERVER, hookspecs.CLIENT)
+DROPPING = ("upload_selection", "aggregate", "server_update")
+"""The claims hooks where ``DROP`` removes a key (from an upload, from a cluster state)."""
 SPEC_ARGS = {
     name: tuple(inspect.signature(getattr(hookspecs, name)).parameters) for name in hook_names()
 }
@@ -329,9 +331,10 @@ class Plugins:
     ) -> dict[str, Any]:
         """Call a claims hook on every plugin and merge the claimed keys.
 
-        Raises ``ClaimConflict`` when two plugins claim one key, and ``ClaimMismatch``
-        when a claimed tensor differs in shape or dtype from ``reference[key]``. A v2
-        ``None`` value counts as ``DROP`` (with a notice).
+        Raises ``ClaimConflict`` when two plugins claim one key, ``ClaimMismatch`` when a
+        claimed tensor differs in shape or dtype from ``reference[key]``, and a
+        ``PluginError`` for ``DROP`` in a hook with nothing to remove. A v2 ``None``
+        value counts as ``DROP`` (with a notice).
         """
         owners: dict[str, str] = {}
         merged: dict[str, Any] = {}
@@ -344,6 +347,12 @@ class Plugins:
                 if value is None:
                     migration.claimed_none(claim.plugin, hook, key)
                     value = DROP
+                if value is DROP and hook not in DROPPING:
+                    reason = ValueError(
+                        f"claimed {key!r} with fedkit.DROP, which only {', '.join(DROPPING)} "
+                        "can act on (leave the key out to not claim it)"
+                    )
+                    raise PluginError(claim.plugin, hook, reason)
                 owners[key] = claim.plugin
                 merged[key] = value
                 if reference is not None and key in reference and isinstance(value, Tensor):
