@@ -92,7 +92,13 @@ def _number(value: Any) -> bool:
 
 
 def accuracy_plot(plt: Any, data: RunData) -> Any:
-    keys = data.keys(lambda k: k in ACCURACY or k.startswith(("semi_accuracy", "personal_")))
+    keys = data.keys(
+        lambda k: (
+            k in ACCURACY
+            or k.startswith("semi_accuracy")
+            or (k.startswith("personalized_") and k.endswith("accuracy"))
+        )
+    )
     if not keys:
         return None
     fig, ax = plt.subplots(figsize=(7, 3.6))
