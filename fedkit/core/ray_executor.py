@@ -176,6 +176,16 @@ class RayExecutor:
         self.actors[self.actors.index(actor)] = fresh
         starting[fresh.pid.remote()] = fresh
 
+    def _started(self, ready: Any, starting: dict[Any, Any], idle: list[Any]) -> bool:
+        """Whether ``ready`` was an actor's start: it then joins the idle ones. An actor
+        that cannot start is the setup's error, raised here."""
+        if ready not in starting:
+            return False
+        actor = starting.pop(ready)
+        self.ray.get(ready)
+        idle.append(actor)
+        return True
+
     def run(self, jobs: list[ClientJob]) -> Iterator[ClientResult]:
         ray = self.ray
         if not jobs:
@@ -200,10 +210,7 @@ class RayExecutor:
             if not ready:
                 yield from self._abandon_overdue(running, starting)
                 continue
-            if ready[0] in starting:
-                actor = starting.pop(ready[0])
-                ray.get(ready[0])  # an actor that cannot start is the setup's error: raise it
-                idle.append(actor)
+            if self._started(ready[0], starting, idle):
                 continue
             job, actor, started = running.pop(ready[0])
             try:
@@ -252,10 +259,7 @@ class RayExecutor:
                 data = self.data_refs[job.client]
                 running[actor.evaluate.remote(sent, pool, data, self.benchmark_ref)] = (job, actor)
             ready, _ = ray.wait([*running, *starting], num_returns=1)
-            if ready[0] in starting:
-                actor = starting.pop(ready[0])
-                ray.get(ready[0])
-                idle.append(actor)
+            if self._started(ready[0], starting, idle):
                 continue
             job, actor = running.pop(ready[0])
             try:

@@ -276,9 +276,10 @@ class Loaded:
 
 @dataclass
 class RunResult:
-    """What ``run`` produced: every round's metrics row of this session, the ledger rows
-    (in memory; with a run directory, read ``ledger.jsonl``), the run itself (closed),
-    the summary and the run directory (``None`` in memory)."""
+    """What ``run`` produced: every round's metrics row (in memory, whole; with a run
+    directory, as ``metrics.jsonl`` keeps them, per-client values in ``clients.jsonl``),
+    the ledger rows (in memory; with a run directory, in ``ledger.jsonl``), the run itself
+    (closed), the summary and the run directory (``None`` in memory)."""
 
     rows: list[dict[str, Any]]
     ledger: list[dict[str, int]]

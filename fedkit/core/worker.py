@@ -148,8 +148,7 @@ class Worker:
         self, job: ClientJob, data: ClientData, memory: ClientMemory | None
     ) -> tuple[ClientResult, ClientMemory]:
         """One client's round; returns its result and its memory for the next round."""
-        memory = copy.copy(memory) if memory is not None else ClientMemory()
-        memory.state, memory.tensors = copy.deepcopy(memory.state), dict(memory.tensors)
+        memory = memory.copy() if memory is not None else ClientMemory()
         ctx = self.context(
             job.round, data, memory, seed_everything(job.seed), job.offers, job.extra
         )
@@ -207,10 +206,9 @@ class Worker:
         except (FedkitError, InjectedCrash):
             raise
         except Exception as exc:  # noqa: BLE001 - any client failure is data
-            error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
             loss = NonFiniteLoss in (type(exc), type(exc.__cause__))
             kind = "non-finite" if loss else "exception"
-            return ClientResult.failed(job.client, kind, error), None
+            return ClientResult.failed(job.client, kind, failure_text(exc)), None
         bad = non_finite(result.upload)
         if bad is not None:
             error = f"upload key {bad!r} holds a non-finite value"
@@ -230,14 +228,13 @@ class Worker:
             )
         ctx.fit(self.model, objective)
 
-    def personal_state(self, job: EvalJob, memory: ClientMemory | None) -> dict[str, Tensor]:
+    def personal_state(self, job: EvalJob, memory: ClientMemory) -> dict[str, Tensor]:
         """A client's default personal model: its cluster's state with its own values of
         the private keys (the template's before it first trained)."""
-        own = memory.model if memory is not None and memory.model is not None else None
         state = dict(self.template_state)
         state.update({k: v for k, v in job.state.items() if k in state})
-        if own is not None:
-            state.update({k: own[k] for k in self.keys.private})
+        if memory.model is not None:
+            state.update({k: memory.model[k] for k in self.keys.private})
         return state
 
     @torch.no_grad()
@@ -252,40 +249,36 @@ class Worker:
         then every plugin's ``evaluate_client``. What the client keeps is not changed."""
         recipe = self.setup.recipe
         kept = memory if memory is not None else ClientMemory()
-        copy_of = ClientMemory(
-            kept.model, dict(kept.tensors), copy.deepcopy(kept.state), kept.participations
-        )
-        copy_of.cluster = kept.cluster
         rng = torch.Generator().manual_seed(derive(recipe.seed, "evaluate", job.round, data.id))
-        ctx = self.context(job.round, data, copy_of, rng, received=dict(job.state))
+        ctx = self.context(job.round, data, kept.copy(), rng, received=dict(job.state))
         try:
             with precision.compute(recipe, self.device):
-                self.load(self.personal_state(job, memory))
-                model = self.model.eval()
-                chosen = self.plugins.call("personal_model", ctx=ctx, model=model)
-                model = (chosen if chosen is not None else model).eval()
+                self.load(self.personal_state(job, kept))
+                chosen = self.plugins.call("personal_model", ctx=ctx, model=self.model.eval())
+                model = (chosen if chosen is not None else self.model).eval()
                 scores = supervised_scores(model, data.test, self.device, job.scores)
-                trained = kept.model is not None
-                if "encoder" in job.scores and trained and benchmark is not None:
-                    cfg = recipe.evaluation
-                    with torch.enable_grad():
-                        scores.update(
-                            score_encoder(
-                                model["encoder"],
-                                *benchmark,
-                                cfg.protocol,
-                                cfg,
-                                recipe.seed,
-                                self.device,
-                            )
-                        )
+                if "encoder" in job.scores and kept.model is not None and benchmark is not None:
+                    scores.update(self.encoder_scores(model["encoder"], benchmark))
                 self.plugins.call("evaluate_client", ctx=ctx, model=model)
         except FedkitError:
             raise
         except Exception as exc:  # noqa: BLE001 - a client's failure is data
-            error = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
-            return EvalResult(data.id, {}, "exception", error)
+            return EvalResult(data.id, {}, "exception", failure_text(exc))
         return EvalResult(data.id, {**scores, **ctx.logged})
+
+    def encoder_scores(self, encoder: nn.Module, benchmark: Benchmark) -> dict[str, Any]:
+        """The recipe's representation protocol on a client's encoder (it trains a probe)."""
+        recipe = self.setup.recipe
+        with torch.enable_grad():
+            return score_encoder(
+                encoder, *benchmark, recipe.evaluation.protocol, recipe.evaluation,
+                recipe.seed, self.device,
+            )  # fmt: skip
+
+
+def failure_text(exc: Exception) -> str:
+    """How a client's failure reads in the row: a plugin error names plugin and hook."""
+    return str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
 
 
 def poisoned(upload: dict[str, Tensor]) -> dict[str, Tensor]:

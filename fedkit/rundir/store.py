@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from collections import OrderedDict
 from collections.abc import Iterator
+from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,6 +50,12 @@ class ClientMemory:
     state: dict[str, Any] = field(default_factory=dict)
     participations: int = 0
     cluster: int | None = None
+
+    def copy(self) -> ClientMemory:
+        """A copy whose JSON values and tensor dict can change without touching this one
+        (the tensors themselves are shared: hooks replace them, they do not write in place)."""
+        state, tensors = deepcopy(self.state), dict(self.tensors)
+        return ClientMemory(self.model, tensors, state, self.participations, self.cluster)
 
     def meta(self) -> dict[str, Any]:
         """The JSON part (checkpoint sidecar)."""
