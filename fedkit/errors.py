@@ -89,3 +89,13 @@ class ClaimMismatch(FedkitError):
 class RoundFailed(FedkitError):
     """A round could not complete (too few clients answered, a non-finite global model);
     the run stops with its last checkpoint intact."""
+
+
+class MissingOffer(Exception):
+    """A client fetched a cluster its job did not carry: a transport that sends cluster
+    states on demand (``fedkit.flower``) answers it by sending that one and running the
+    job again (jobs are deterministic: same seed, same memory)."""
+
+    def __init__(self, cluster: int) -> None:
+        super().__init__(f"cluster {cluster} was not sent with this job")
+        self.cluster = cluster

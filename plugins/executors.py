@@ -1,6 +1,7 @@
 """fedkit's executors: ``sequential`` (clients one after another in this process),
-``isolated`` (each job as a fresh worker process would run it, for checking plugins) and
-``ray`` (long-lived actors on a Ray cluster; the ``ray`` extra). Registered the way an
+``isolated`` (each job as a fresh worker process would run it, for checking plugins),
+``ray`` (long-lived actors on a Ray cluster; the ``ray`` extra) and ``flower`` (Flower
+nodes, simulated or deployed; the ``flower`` extra). Registered the way an
 outside package registers its own."""
 
 from __future__ import annotations
@@ -19,8 +20,16 @@ def ray_executor(*args: Any) -> Any:
     return RayExecutor(*args)
 
 
+def flower_executor(*args: Any) -> Any:
+    """The Flower executor, imported when a recipe asks for it (the ``flower`` extra)."""
+    from fedkit.flower.flower_executor import FlowerExecutor
+
+    return FlowerExecutor(*args)
+
+
 @hookimpl
 def register_executors(register: Callable[..., None]) -> None:
     register("sequential", SequentialExecutor)
     register("isolated", IsolatedExecutor)
     register("ray", ray_executor)
+    register("flower", flower_executor)

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedkit.cli import deploy
 from fedkit.config import shipped
 from fedkit.errors import FedkitError, PluginError, RecipeError
 from fedkit.rundir.lock import LOCK, RunLock
@@ -31,6 +32,7 @@ app = typer.Typer(
 )
 console = Console()
 errors = Console(stderr=True)
+app.add_typer(deploy.app, name="deploy")
 
 
 ADVICE = {

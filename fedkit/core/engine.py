@@ -135,7 +135,10 @@ def prepare(
     server.ledger.aux_patterns = tuple(p for found in patterns for p in found or ())
     kept = kept_keys(plugins, server)
     available = plugins.available if plugins.custom else None
-    setup = ClientSetup(recipe, server.template, server.private, str(device), available, kept)
+    setup = ClientSetup(
+        recipe, server.template, server.private, str(device), available, kept,
+        server.ledger.aux_patterns,
+    )  # fmt: skip
     evaluator = Evaluator(recipe, data)
     population = Population(
         {i: data.client(i) for i in range(data.num_clients)}, evaluator.benchmark()

@@ -17,6 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from fedkit.config.schema import Recipe
+from fedkit.errors import MissingOffer
 
 
 @dataclass
@@ -26,7 +27,9 @@ class ClientSetup:
     plugins declare in ``kept_keys``).
 
     ``available`` is the plugin registry to build client-side plugins from (``None``:
-    the installed entry points); ``device`` is the resolved device name.
+    the installed entry points); ``device`` is the resolved device name; ``auxiliary``
+    the key patterns plugins declared auxiliary (so a client can split its upload by the
+    ledger's categories, as a transport that sends them apart needs).
     """
 
     recipe: Recipe
@@ -35,6 +38,7 @@ class ClientSetup:
     device: str
     available: dict[str, Any] | None = None
     kept: frozenset[str] | None = None
+    auxiliary: tuple[str, ...] = ()
 
 
 @dataclass
@@ -119,3 +123,19 @@ class EvalResult:
 def read_only(states: Sequence[dict[str, Tensor]]) -> tuple[Mapping[str, Tensor], ...]:
     """Read-only views of the pool's cluster states, for ``ClientJob.offers``."""
     return tuple(MappingProxyType(s) for s in states)
+
+
+class PartialOffers(Sequence):
+    """The cluster states a job carries when only some were sent: as long as the whole
+    pool, and reading one that was not sent raises ``MissingOffer``."""
+
+    def __init__(self, size: int, sent: Mapping[int, Mapping[str, Tensor]]) -> None:
+        self.size, self.sent = size, {c: MappingProxyType(dict(s)) for c, s in sent.items()}
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, cluster: int) -> Mapping[str, Tensor]:  # type: ignore[override]
+        if cluster not in self.sent:
+            raise MissingOffer(cluster)
+        return self.sent[cluster]

@@ -29,10 +29,16 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedkit.core.faults import InjectedCrash, InjectedFault
-from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, EvalResult
+from fedkit.core.messages import (
+    ClientJob,
+    ClientResult,
+    ClientSetup,
+    EvalJob,
+    EvalResult,
+)
 from fedkit.data.datasets import ImageSet
 from fedkit.data.federated import ClientData
-from fedkit.errors import FedkitError, PluginError, RecipeError
+from fedkit.errors import FedkitError, MissingOffer, PluginError, RecipeError
 from fedkit.evaluation.scoring import score_encoder, supervised_scores
 from fedkit.plugin.context import ClientContext, ModelKeys
 from fedkit.plugin.hookspecs import CLIENT
@@ -196,14 +202,15 @@ class Worker:
         self, job: ClientJob, data: ClientData, memory: ClientMemory | None
     ) -> tuple[ClientResult, ClientMemory | None]:
         """``run``, with a client's failure returned as a failed result (memory ``None``:
-        the client's round did not happen). A ``FedkitError`` (bad input) and an
-        ``InjectedCrash`` (the worker is meant to die) propagate."""
+        the client's round did not happen). A ``FedkitError`` (bad input), an
+        ``InjectedCrash`` (the worker is meant to die) and a ``MissingOffer`` (the
+        transport must send a cluster state first) propagate."""
         if job.fault == "dropout":
             return ClientResult.failed(job.client, "dropout", "the client never answered"), None
         try:
             with precision.compute(self.setup.recipe, self.device):
                 result, memory = self.run(job, data, memory)
-        except (FedkitError, InjectedCrash):
+        except (FedkitError, InjectedCrash, MissingOffer):
             raise
         except Exception as exc:  # noqa: BLE001 - any client failure is data
             loss = NonFiniteLoss in (type(exc), type(exc.__cause__))

@@ -32,6 +32,7 @@ from fedkit.errors import (
     ClaimConflict,
     ClaimMismatch,
     FedkitError,
+    MissingOffer,
     PluginError,
     RecipeError,
     did_you_mean,
@@ -190,7 +191,7 @@ class _Adapter:
                     args.append(provide(kwargs, plugin, hook))
             try:
                 result = method(*args)
-            except (FedkitError, PluginError):
+            except (FedkitError, PluginError, MissingOffer):
                 raise
             except Exception as exc:
                 raise PluginError(plugin, hook, exc) from exc

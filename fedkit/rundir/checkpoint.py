@@ -137,6 +137,8 @@ def problems(root: Path, folder: Path) -> tuple[list[str], dict[str, Any] | None
         return [f"format {sidecar.get('format')}, this fedkit reads format {FORMAT}"], sidecar
     found = [p for name, h in sidecar["files"].items() if (p := check_file(folder / name, h))]
     for cid, entry in sidecar["clients"].items():
+        if entry.get("on_node"):
+            continue  # kept by the client's own node, which checks the hash on resume
         problem = check_file(root / MEMORIES / entry["file"], entry["sha256"])
         if problem is not None:
             found.append(f"client {cid}'s memory: {problem}")
@@ -211,6 +213,11 @@ def personal_state(root: Path, client: int) -> dict[str, Tensor]:
     entry = sidecar["clients"].get(str(client))
     if entry is None:
         raise FedkitError(f"{root}: client {client} has not trained in this run yet")
+    if entry.get("on_node"):
+        raise FedkitError(
+            f"{root}: client {client}'s memory is kept on its own node (a Flower "
+            "deployment), not in this run directory"
+        )
     cluster = sidecar["roster"].get(str(client), {}).get("cluster") or 0
     pool = _unflatten(load_file(folder / "pool.safetensors")).get(str(cluster), {})
     return {**pool, **(read_memory(root / MEMORIES / entry["file"]).model or {})}

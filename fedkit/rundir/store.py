@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from safetensors.torch import load as load_tensors
 from safetensors.torch import load_file, safe_open
+from safetensors.torch import save as save_tensors
 from torch import Tensor
 
 from fedkit.rundir.atomic import write_safetensors
@@ -67,20 +69,47 @@ def memory_file(client: int, version: int) -> str:
     return f"{client}.r{version:06d}{SUFFIX}"
 
 
-def write_memory(path: Path, memory: ClientMemory) -> str:
-    """One client's memory as one safetensors file (JSON values in its metadata); returns
-    the file's SHA-256."""
+def _flat(memory: ClientMemory) -> tuple[dict[str, Tensor], dict[str, str]]:
     tensors = {f"model/{k}": v for k, v in (memory.model or {}).items()}
     tensors.update({f"tensors/{k}": v for k, v in memory.tensors.items()})
     meta = {**memory.meta(), "has_model": memory.model is not None}
-    return write_safetensors(path, tensors, metadata={"memory": json.dumps(meta)})
+    return tensors, {"memory": json.dumps(meta)}
+
+
+def write_memory(path: Path, memory: ClientMemory) -> str:
+    """One client's memory as one safetensors file (JSON values in its metadata); returns
+    the file's SHA-256."""
+    return write_safetensors(path, *_flat(memory))
+
+
+def memory_bytes(memory: ClientMemory) -> bytes:
+    """The bytes ``write_memory`` writes, for a client that keeps its memory elsewhere
+    (a Flower node's state)."""
+    tensors, metadata = _flat(memory)
+    flat = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
+    return save_tensors(flat, metadata=metadata)
+
+
+def memory_of_bytes(raw: bytes) -> ClientMemory:
+    """What ``memory_bytes`` made."""
+    meta = json.loads(safe_metadata(raw)["memory"])
+    return _memory(load_tensors(raw), meta)
 
 
 def read_memory(path: Path) -> ClientMemory:
     """What ``write_memory`` wrote."""
     with safe_open(str(path), framework="pt") as handle:
         meta = json.loads(handle.metadata()["memory"])
-    flat = load_file(path)
+    return _memory(load_file(path), meta)
+
+
+def safe_metadata(raw: bytes) -> dict[str, str]:
+    """A safetensors blob's metadata (its JSON header's ``__metadata__``)."""
+    size = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8 : 8 + size]).get("__metadata__", {})
+
+
+def _memory(flat: dict[str, Tensor], meta: dict[str, Any]) -> ClientMemory:
     model = {k[6:]: v for k, v in flat.items() if k.startswith("model/")}
     tensors = {k[8:]: v for k, v in flat.items() if k.startswith("tensors/")}
     return ClientMemory(

@@ -1,0 +1,207 @@
+"""``fedkit deploy``: a recipe on a real Flower federation.
+
+``node`` starts one site: Flower's SuperNode (in process isolation) and fedkit's
+long-lived process that runs its ClientApp tasks (``fedkit.flower.runner``). ``app``
+writes the Flower app (a ``pyproject.toml`` naming fedkit's ServerApp and ClientApp) and
+``run`` submits a recipe to a SuperLink with ``flwr run``. docs/deploy.md walks through it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, help="Run recipes on a Flower deployment.")
+
+PYPROJECT = """\
+# A Flower app that runs fedkit recipes (written by `fedkit deploy app`).
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedkit-flower-app"
+version = "1.0.0"
+dependencies = ["fedkit[flower]"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedkit"
+
+[tool.flwr.app.components]
+serverapp = "fedkit.flower.serverapp:app"
+clientapp = "fedkit.flower.clientapp:app"
+
+[tool.flwr.app.config]
+recipe = "quickstart"
+out = "runs/flower"
+set = ""
+"""
+
+
+def tool(name: str) -> str:
+    """A Flower command next to this Python (the same environment), else on PATH."""
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.is_file() else shutil.which(name)
+    if found is None:
+        raise typer.BadParameter(
+            f"{name} not found: install the flower extra (pip install 'fedkit[flower]')"
+        )
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def connection(insecure: bool, root_certificates: Path | None) -> list[str]:
+    if insecure:
+        return ["--insecure"]
+    if root_certificates is None:
+        raise typer.BadParameter(
+            "give --root-certificates CA.pem (TLS), or --insecure on a trusted network"
+        )
+    return ["--root-certificates", str(root_certificates)]
+
+
+@app.command("node")
+def node(
+    superlink: Annotated[str, typer.Option(help="The SuperLink's Fleet API, host:port.")],
+    partition: Annotated[
+        int, typer.Option(help="The client this site holds (its partition of the recipe's data).")
+    ],
+    dir: Annotated[
+        Path,
+        typer.Option("--dir", help="This node's folder: its socket and what its client keeps."),
+    ],
+    insecure: Annotated[
+        bool, typer.Option(help="No TLS (only on a trusted network, e.g. 127.0.0.1).")
+    ] = False,
+    root_certificates: Annotated[
+        Path | None, typer.Option(help="CA certificate to verify the SuperLink (TLS).")
+    ] = None,
+    auth_key: Annotated[
+        Path | None,
+        typer.Option(help="This node's private key, for SuperLink node authentication."),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port of the SuperNode's local API (default: a free one).")
+    ] = None,
+    poll: Annotated[
+        float, typer.Option(help="Seconds the SuperNode waits between asks for messages.")
+    ] = 0.2,
+) -> None:
+    """Start one site: Flower's SuperNode and fedkit's process that runs its client."""
+    from fedkit.flower.runner import serve
+
+    folder = dir.expanduser().resolve()
+    local = port or free_port()
+    command = [
+        sys.executable, "-m", "fedkit.flower.supernode", "--superlink", superlink,
+        *connection(insecure, root_certificates),
+        "--node-config", f'partition-id={partition} fedkit-dir="{folder}"',
+        "--isolation", "process", "--host", "127.0.0.1", "--port", str(local),
+    ]  # fmt: skip
+    if auth_key is not None:
+        command += ["--auth-supernode-private-key", str(auth_key)]
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FEDKIT_NODE_POLL": str(poll)}
+    folder.mkdir(parents=True, exist_ok=True)
+    supernode = subprocess.Popen(command, env=env, start_new_session=True)
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    def watch() -> None:
+        supernode.wait()
+        os.kill(os.getpid(), signal.SIGTERM)  # the SuperNode ended: so does this node
+
+    signal.signal(signal.SIGTERM, stop)
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        serve(f"127.0.0.1:{local}", partition, folder)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if supernode.poll() is None:
+            os.killpg(supernode.pid, signal.SIGTERM)
+            try:
+                supernode.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(supernode.pid, signal.SIGKILL)
+
+
+@app.command("app")
+def write_app(
+    dir: Annotated[Path, typer.Argument(help="Folder to write the Flower app into.")],
+) -> None:
+    """Write the Flower app that runs fedkit recipes (for `flwr run DIR ...`)."""
+    dir.mkdir(parents=True, exist_ok=True)
+    (dir / "pyproject.toml").write_text(PYPROJECT)
+    typer.echo(f"wrote {dir / 'pyproject.toml'}")
+
+
+@app.command("run")
+def run(
+    recipe: Annotated[
+        str, typer.Argument(help="A recipe file or shipped name (read by the ServerApp).")
+    ],
+    superlink: Annotated[str, typer.Option(help="The SuperLink's Control API, host:port.")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="The run directory (on the SuperLink's machine); resumed if it has a checkpoint."
+        ),
+    ],
+    set: Annotated[
+        list[str] | None, typer.Option("--set", help="KEY=VALUE recipe override (repeatable).")
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option(help="No TLS (only on a trusted network, e.g. 127.0.0.1).")
+    ] = False,
+    root_certificates: Annotated[
+        Path | None, typer.Option(help="CA certificate to verify the SuperLink (TLS).")
+    ] = None,
+) -> None:
+    """Submit a recipe to a SuperLink (`flwr run`) and stream its log until it ends."""
+    source = str(Path(recipe).resolve()) if Path(recipe).is_file() else recipe
+    connect = {"address": superlink}
+    connect.update({"insecure": True} if insecure else {})
+    flags = connection(insecure, root_certificates)
+    if not insecure:
+        connect["root-certificates"] = str(Path(flags[1]).resolve())
+    with tempfile.TemporaryDirectory(prefix="fedkit-flower-") as tmp:
+        home, app_dir = Path(tmp) / "home", Path(tmp) / "app"
+        home.mkdir()
+        write_app(app_dir)
+        lines = ["[superlink]", 'default = "fedkit"', "[superlink.fedkit]"]
+        lines += [f"{k} = {_toml(v)}" for k, v in connect.items()]
+        (home / "config.toml").write_text("\n".join(lines) + "\n")
+        values = {
+            "recipe": source,
+            "out": str(out.expanduser().resolve()),
+            "set": ";".join(set or []),
+        }
+        config = " ".join(f"{k}={_toml(v)}" for k, v in values.items())
+        env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0"}
+        command = [tool("flwr"), "run", str(app_dir), "fedkit", "--stream", "--run-config", config]
+        raise typer.Exit(subprocess.call(command, env=env))
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

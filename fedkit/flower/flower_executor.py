@@ -1,0 +1,326 @@
+"""The ``flower`` executor: the client side of a run as Flower nodes, one client each,
+reached through a Flower ``Grid``.
+
+fedkit's server side (engine, server hooks, ledger, checkpoints) runs where the grid is:
+in this process for the simulation runtime (``fedkit.flower.simulation`` starts Flower's
+simulation in a thread and hands its grid over), in Flower's ServerApp for a deployment
+(``fedkit.flower.serverapp``). Every client job is a ``train`` message, every evaluation
+an ``evaluate`` message, and checkpoints are ``query`` messages that make each node write
+what its client keeps to its own disk (``fedkit.flower.node``); the server receives
+uploads, scores, file names and hashes, never a client's memory.
+
+Cluster states travel on demand: a pool of one is sent with every job; with several, a
+client that fetched all of them last round is sent all of them again, any other is sent
+none, and a fetch of one it lacks comes back as a request for it (the job then runs
+again with it; jobs are deterministic). So the ledger, which books every state sent,
+matches what the other executors book, and a Flower mod sees exactly what is sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from fedkit.core.executor import Population, StoreSpec
+from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, EvalResult
+from fedkit.errors import FedkitError, RecipeError
+
+AUDIT = "FEDKIT_FLOWER_AUDIT"
+"""The environment variable naming the file that records what the server receives."""
+
+POLL = 0.02
+"""Seconds between pulls of replies from the SuperLink."""
+
+SETUP_WAIT = 600.0
+"""Seconds nodes have to set up their clients, when ``federation.client_timeout`` is not
+set (a node that was registered once but is gone never answers)."""
+
+
+def import_flwr() -> Any:
+    """Flower, or a clear error naming the extra that installs it."""
+    try:
+        import flwr
+    except ImportError:
+        raise RecipeError(
+            "engine.executor", "the flower extra installed (pip install 'fedkit[flower]')", "flower"
+        ) from None
+    return flwr
+
+
+class Link(Protocol):
+    """A way to reach the nodes: a ``grid``, whether node memories stay off the server's
+    disk (``remote``), and ``close``."""
+
+    grid: Any
+    remote: bool
+
+    def close(self) -> None: ...
+
+
+_OPEN: list[Link] = []
+"""The link runs use instead of starting a simulation of their own: the deployment's
+grid in a ServerApp, or a simulation kept open across runs (tests)."""
+
+
+def use_link(link: Link | None) -> None:
+    """Set (or clear, with ``None``) the link every ``flower`` executor uses; the
+    executors leave it open."""
+    _OPEN.clear()
+    if link is not None:
+        _OPEN.append(link)
+
+
+class FlowerExecutor:
+    """Clients on Flower nodes (see the module docstring)."""
+
+    def __init__(self, setup: ClientSetup, population: Population, store: StoreSpec) -> None:
+        import_flwr()
+        recipe = setup.recipe
+        if _OPEN:
+            self.link = _OPEN[0]
+        else:
+            from fedkit.flower.simulation import SimulationLink
+
+            self.link = SimulationLink(recipe.data.num_clients, recipe.engine)
+        self.grid, self.timeout = self.link.grid, recipe.federation.client_timeout
+        self.settled: dict[int, list[int]] = {}
+        self.everything: set[int] = set()
+        self.manifest: dict[int, dict[str, Any]] = {}
+        self.dirty: set[int] = set()
+        self.wire = {"down": 0, "up": 0}
+        self.messages = 0
+        self.nodes = self._setup(setup, store.folder)
+        self.client_of = {node: cid for cid, node in self.nodes.items()}
+
+    def _send(self, kind: str, contents: dict[int, Any], timeout: float | None = None) -> dict:
+        """Send one message per client; the replies that came back in time, by client."""
+        from flwr.app import Message
+
+        from fedkit.flower.records import wire_bytes
+
+        sent = []
+        for cid, content in contents.items():
+            self.wire["down"] += wire_bytes(content)
+            sent.append(Message(content, dst_node_id=self.nodes[cid], message_type=kind))
+        self.messages += len(sent)
+        replies = {}
+        for reply in self._exchange(sent, timeout):
+            cid = self.client_of[reply.metadata.src_node_id]
+            if not reply.has_error():
+                self.wire["up"] += wire_bytes(reply.content)
+                self._audit(kind, cid, reply.content)
+            replies[cid] = reply
+        return replies
+
+    @staticmethod
+    def _audit(kind: str, client: int, content: Any) -> None:
+        """With ``FEDKIT_FLOWER_AUDIT=FILE``, one JSON line per reply the server receives:
+        its records and every tensor key in them (what a privacy review reads)."""
+        path = os.environ.get(AUDIT)
+        if not path:
+            return
+        from fedkit.flower.records import state_keys
+
+        line = {
+            "kind": kind,
+            "client": client,
+            "records": sorted(content),
+            "keys": sorted(state_keys(content)),
+        }
+        with open(path, "a") as handle:
+            handle.write(json.dumps(line) + "\n")
+
+    def _query(self, contents: dict[int, Any]) -> dict[int, dict[str, Any]]:
+        """A query per client; the JSON answers (an error reply is the node's failure)."""
+        from fedkit.flower.records import get_meta
+
+        answers = {}
+        for cid, reply in self._send("query", contents, self.timeout).items():
+            if reply.has_error():
+                raise FedkitError(f"client {cid}'s node failed: {reply.error.reason}")
+            answers[cid] = get_meta(reply.content)
+        missing = sorted(set(contents) - set(answers))
+        if missing:
+            raise FedkitError(f"clients {missing} did not answer within federation.client_timeout")
+        return answers
+
+    def _setup(self, setup: ClientSetup, folder: Path | None) -> dict[int, int]:
+        """Set every node up for this run; which node holds which client (node ids are
+        Flower's random numbers, a node's client is its ``partition-id``)."""
+        import pickle
+        import uuid
+        from importlib.metadata import EntryPoint
+
+        from flwr.app import ConfigRecord
+
+        from fedkit.flower.node import SETUP
+        from fedkit.flower.records import get_meta, message
+
+        recipe = setup.recipe
+        custom = {n: p for n, p in (setup.available or {}).items() if not isinstance(p, EntryPoint)}
+        meta = {
+            "action": "setup",
+            "token": uuid.uuid4().hex,
+            "recipe": recipe.model_dump(mode="json"),
+            "folder": str(folder) if folder is not None else None,
+            "trusted": sorted(
+                {getattr(p, "__module__", "").split(".")[0] for p in custom.values()}
+            ),
+        }
+        content = message(meta)
+        content[SETUP] = ConfigRecord(
+            {
+                "bytes": pickle.dumps(
+                    dataclasses.replace(setup, recipe=None, available=custom or None)
+                )
+            }
+        )
+        nodes = list(self.grid.get_node_ids())
+        self.wire["down"] += len(content[SETUP]["bytes"]) * len(nodes)
+        ids = set(self.grid.push_messages([self._message(content, node) for node in nodes]))
+        clients, found = recipe.data.num_clients, dict[int, int]()
+        deadline = time.monotonic() + (self.timeout or SETUP_WAIT)
+        while ids and len(found) < clients and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(list(ids)):
+                ids.discard(reply.metadata.reply_to_message_id)
+                if reply.has_error():
+                    raise FedkitError(
+                        f"a Flower node could not set up its client: {reply.error.reason}"
+                    )
+                client = get_meta(reply.content)["client"]
+                if client is not None:
+                    found[int(client)] = reply.metadata.src_node_id
+            time.sleep(POLL)
+        clients = recipe.data.num_clients
+        missing = sorted(set(range(clients)) - set(found))
+        if missing:
+            raise FedkitError(
+                f"no Flower node holds clients {missing[:10]}{' ...' if len(missing) > 10 else ''}"
+                f" (data.num_clients is {clients}; {len(found)} nodes hold one)"
+            )
+        return found
+
+    def _exchange(self, messages: list[Any], timeout: float | None) -> list[Any]:
+        """Push the messages, then pull replies every ``POLL`` seconds until all came or
+        ``timeout`` passed (Flower's own ``send_and_receive`` waits 3 s between pulls)."""
+        ids = set(self.grid.push_messages(messages))
+        end = None if timeout is None else time.monotonic() + timeout
+        replies: list[Any] = []
+        while ids:
+            for reply in self.grid.pull_messages(list(ids)):
+                ids.discard(reply.metadata.reply_to_message_id)
+                replies.append(reply)
+            if not ids or (end is not None and time.monotonic() >= end):
+                break
+            time.sleep(POLL)
+        return replies
+
+    @staticmethod
+    def _message(content: Any, node: int) -> Any:
+        from flwr.app import Message
+
+        return Message(content, dst_node_id=node, message_type="query")
+
+    def _offered(self, job: ClientJob) -> set[int]:
+        size = len(job.offers)
+        if size == 1:
+            return {0}
+        return set(range(size)) if job.client in self.everything else set()
+
+    def run(self, jobs: list[ClientJob]) -> Iterator[ClientResult]:
+        from fedkit.flower.records import job_content, result_of
+
+        pending = {job.client: (job, self._offered(job)) for job in jobs}
+        began = time.monotonic()
+        while pending:
+            contents = {
+                cid: job_content(job, sorted(sent), self.settled.get(cid))
+                for cid, (job, sent) in pending.items()
+            }
+            left = (
+                None if self.timeout is None else max(0.0, began + self.timeout - time.monotonic())
+            )
+            replies = self._send("train", contents, left)
+            again = {}
+            for cid, (job, sent) in pending.items():
+                reply = replies.get(cid)
+                if reply is None:
+                    error = f"no answer within federation.client_timeout ({self.timeout:g} s)"
+                    yield ClientResult.failed(cid, "timeout", error, sorted(sent))
+                    continue
+                if reply.has_error():
+                    yield ClientResult.failed(cid, "exception", reply.error.reason, sorted(sent))
+                    continue
+                result, need = result_of(reply.content)
+                if need is not None:
+                    again[cid] = (job, sent | {need})
+                    continue
+                result.fetched = [*result.fetched, *sorted(sent - set(result.fetched))]
+                if result.failure is None:
+                    self.settled[cid] = [job.round, job.attempt]
+                    self.dirty.add(cid)
+                    fetched_all = set(result.fetched) == set(range(len(job.offers)))
+                    (self.everything.add if fetched_all else self.everything.discard)(cid)
+                yield result
+            pending = again
+
+    def evaluate(self, jobs: list[EvalJob]) -> Iterator[EvalResult]:
+        from fedkit.flower.records import eval_content, eval_result_of
+
+        contents = {job.client: eval_content(job, self.settled.get(job.client)) for job in jobs}
+        replies = self._send("evaluate", contents, self.timeout)
+        for job in jobs:
+            reply = replies.get(job.client)
+            if reply is None:
+                yield EvalResult(
+                    job.client, {}, "timeout", "no answer within federation.client_timeout"
+                )
+            elif reply.has_error():
+                yield EvalResult(job.client, {}, "exception", reply.error.reason)
+            else:
+                yield eval_result_of(reply.content)
+
+    def persist(self, folder: Path) -> dict[int, dict[str, str]]:
+        """Each client that trained since the last checkpoint writes what it keeps on its
+        node; the manifest (file names and hashes) is what comes back."""
+        from fedkit.flower.records import message
+
+        asks = {
+            cid: message({"action": "persist", "settled": self.settled.get(cid)})
+            for cid in sorted(self.dirty)
+        }
+        for cid, answer in self._query(asks).items():
+            if answer["entry"] is not None:
+                self.manifest[cid] = {
+                    **answer["entry"],
+                    **({"on_node": True} if self.link.remote else {}),
+                }
+        self.dirty.clear()
+        return dict(self.manifest)
+
+    def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None:
+        """Every node takes back the memory the checkpoint names for its client (or
+        forgets what it kept, when the checkpoint names none)."""
+        from fedkit.flower.records import message
+
+        entries = {cid: files.get(cid) for cid in self.nodes}
+        asks = {cid: message({"action": "adopt", "entry": e}) for cid, e in entries.items()}
+        problems = [f"client {c}: {a['error']}" for c, a in self._query(asks).items() if a["error"]]
+        if problems:
+            raise FedkitError("the nodes could not restore the checkpoint: " + "; ".join(problems))
+        self.manifest = {cid: dict(e) for cid, e in entries.items() if e is not None}
+        self.settled.clear()
+
+    def memory(self, client: int) -> None:
+        """``None``: a Flower node never sends what its client keeps (the engine never asks)."""
+        return None
+
+    def close(self) -> None:
+        """End the simulation this executor started (a deployment's link stays open)."""
+        if not _OPEN or self.link is not _OPEN[0]:
+            self.link.close()

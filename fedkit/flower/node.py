@@ -1,0 +1,267 @@
+"""The client side of one Flower node: one fedkit client, its data and what it keeps.
+
+A ``Node`` answers the server's messages (``fedkit.flower.records`` says how they look):
+
+* ``train``: one client job, run by fedkit's ``Worker`` (client hooks, local training);
+  a fetch of a cluster state the job did not carry is answered with a request for it
+  (the server sends it and the job runs again, exactly as before);
+* ``evaluate``: the client's personal model scored on its own test data (scores only);
+* ``query``: ``setup`` (once per run: the recipe and the client setup; the node answers
+  which client it holds and how many samples it declares), ``persist`` (write what the
+  client keeps to the node's own folder; only the file's name and hash go back) and
+  ``adopt`` (take a checkpoint's file back after a resume).
+
+A ``NodeHost`` is what a process that answers for nodes holds (a Ray actor of Flower's
+simulation, a deployment's node process): it builds each run's worker and each node's
+client once, from the setup kept in the node's state, and hands every message on.
+
+What the client keeps lives in the node's Flower ``Context.state``, never in a message.
+A new memory is *staged* until the server says (in its next message) that it accepted
+the result that produced it, so a client whose answer came too late keeps what it had,
+as under the other executors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ConfigRecord, RecordDict
+
+from fedkit.core.faults import InjectedCrash
+from fedkit.core.messages import ClientResult, ClientSetup
+from fedkit.core.worker import Benchmark, Worker
+from fedkit.data.federated import ClientData
+from fedkit.errors import MissingOffer
+from fedkit.flower.records import (
+    categories,
+    eval_of,
+    eval_result_content,
+    get_meta,
+    job_of,
+    message,
+    result_content,
+)
+from fedkit.rundir.atomic import write_bytes
+from fedkit.rundir.integrity import sha256_bytes
+from fedkit.rundir.store import ClientMemory, memory_bytes, memory_file, memory_of_bytes
+
+KEPT, STAGED = "fedkit.memory", "fedkit.staged"
+ROUND_OF_FILE = re.compile(r"\.r(\d+)\.")
+
+
+class Node:
+    """One client behind a Flower node (see the module docstring). ``folder`` is where
+    the node writes the client's memory at checkpoints (its own disk)."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        data: ClientData,
+        folder: Path | None,
+        benchmark: Callable[[], Benchmark | None] = lambda: None,
+    ) -> None:
+        self.worker, self.data, self.folder = worker, data, folder
+        self._benchmark = benchmark
+        setup = worker.setup
+        self.category = categories(frozenset(worker.template_state), setup.auxiliary)
+
+    @property
+    def benchmark(self) -> Benchmark | None:
+        """The simulation's sets a client's encoder is scored on (built when first asked)."""
+        return self._benchmark()
+
+    @property
+    def setup(self) -> ClientSetup:
+        return self.worker.setup
+
+    def handle(self, kind: str, content: RecordDict, state: RecordDict) -> RecordDict:
+        """The reply to one message; ``state`` is the node's ``Context.state``."""
+        if kind == "train":
+            return self.train(content, state)
+        if kind == "evaluate":
+            job, settled = eval_of(content)
+            settle(state, settled)
+            memory = kept(state)
+            return eval_result_content(self.worker.evaluate(job, self.data, memory, self.benchmark))
+        meta = get_meta(content)
+        settle(state, meta.get("settled"))
+        action = meta["action"]
+        if action == "persist":
+            return message({"entry": self.persist(state)})
+        if action == "adopt":
+            return message({"error": self.adopt(state, meta["entry"])})
+        raise ValueError(f"unknown query {action!r}")
+
+    def train(self, content: RecordDict, state: RecordDict) -> RecordDict:
+        job, settled = job_of(content)
+        settle(state, settled)
+        try:
+            result, memory = self.worker.run_safely(job, self.data, kept(state))
+        except MissingOffer as miss:
+            return result_content(
+                ClientResult.failed(job.client, "", ""), self.category, miss.cluster
+            )
+        except InjectedCrash as exc:
+            result, memory = ClientResult.failed(job.client, "crash", str(exc)), None
+        state.pop(STAGED, None)
+        if result.failure is None and memory is not None:
+            raw = memory_bytes(memory)
+            state[STAGED] = ConfigRecord({"bytes": raw, "round": job.round, "attempt": job.attempt})
+        return result_content(result, self.category)
+
+    def persist(self, state: RecordDict) -> dict[str, str] | None:
+        """Write the client's memory to the node's folder (once per version); its entry."""
+        if KEPT not in state or self.folder is None:
+            return None
+        record = state[KEPT]
+        name = memory_file(self.data.id, int(record["round"]))
+        path = self.folder / name
+        if not path.is_file():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_bytes(path, record["bytes"])
+        return {"file": name, "sha256": sha256_bytes(record["bytes"])}
+
+    def adopt(self, state: RecordDict, entry: dict[str, str] | None) -> str | None:
+        """Take back the memory a checkpoint names (none: the client had not trained by
+        then); an error text when the node's file is missing or damaged."""
+        state.pop(STAGED, None)
+        state.pop(KEPT, None)
+        if entry is None:
+            return None
+        path = (self.folder or Path(".")) / entry["file"]
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            return f"{path}: {exc.strerror}"
+        if sha256_bytes(raw) != entry["sha256"]:
+            return f"{path} does not match the checkpoint's hash"
+        match = ROUND_OF_FILE.search(entry["file"])
+        state[KEPT] = ConfigRecord({"bytes": raw, "round": int(match.group(1)) if match else 0})
+        return None
+
+
+def settle(state: RecordDict, settled: Any) -> None:
+    """Keep a staged memory the server accepted (``settled`` names its round and
+    attempt), drop one it did not."""
+    if STAGED not in state:
+        return
+    staged = state[STAGED]
+    if settled is not None and [int(staged["round"]), int(staged["attempt"])] == list(settled):
+        state[KEPT] = ConfigRecord({"bytes": staged["bytes"], "round": int(staged["round"])})
+    del state[STAGED]
+
+
+def kept(state: RecordDict) -> ClientMemory | None:
+    """The client's memory in the node's state."""
+    if KEPT not in state:
+        return None
+    return memory_of_bytes(state[KEPT]["bytes"])
+
+
+def threads(count: int) -> None:
+    """torch's thread count on this node, as a recipe's ``engine.num_cpus`` says."""
+    import torch
+
+    torch.set_num_threads(max(1, count))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, count))
+
+
+SETUP, RUN = "fedkit.setup", "fedkit.run"
+
+
+class NodeHost:
+    """Answers messages for the nodes of any run (see the module docstring).
+
+    ``folder`` is where nodes persist memories (a deployment's node folder); ``None``
+    takes the folder the server names in its setup (a simulation, on the server's
+    machine). ``trusted`` are the packages, besides fedkit's own, whose classes a setup
+    may rebuild; ``None`` trusts the modules the server lists (a simulation only)."""
+
+    def __init__(self, folder: Path | None = None, trusted: tuple[str, ...] | None = None) -> None:
+        self.folder, self.trusted = folder, trusted
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[tuple[str, int], Node | None] = {}
+
+    def handle(
+        self, kind: str, content: RecordDict, state: RecordDict, partition: int
+    ) -> RecordDict:
+        if kind == "query" and get_meta(content)["action"] == "setup":
+            return self.setup(content, state, partition)
+        node = self.node(state, partition)
+        if node is None:
+            raise RuntimeError(f"this node holds no client of the run (partition {partition})")
+        return node.handle(kind, content, state)
+
+    def setup(self, content: RecordDict, state: RecordDict, partition: int) -> RecordDict:
+        """A run's start: keep its setup in the node's state, forget an earlier run's
+        memory, build the client; which client it is, and its sample count."""
+        meta = get_meta(content)
+        for key in (KEPT, STAGED):
+            state.pop(key, None)
+        state[SETUP] = ConfigRecord({"bytes": content[SETUP]["bytes"], "meta": json.dumps(meta)})
+        state[RUN] = ConfigRecord({"token": meta["token"]})
+        node = self.node(state, partition)
+        if node is None:
+            return message({"client": None})
+        return message({"client": node.data.id, "samples": len(node.data.train)})
+
+    def node(self, state: RecordDict, partition: int) -> Node | None:
+        """The node's client in the run its state names (built on first use here)."""
+        if RUN not in state:
+            raise RuntimeError("this node has not been set up for a run")
+        token = str(state[RUN]["token"])
+        if (token, partition) not in self.nodes:
+            run = self.run(token, state)
+            recipe, data = run["setup"].recipe, run["data"]
+            self.nodes[token, partition] = (
+                Node(run["worker"], data.client(partition), run["folder"], run["benchmark"])
+                if partition < recipe.data.num_clients
+                else None
+            )
+        return self.nodes[token, partition]
+
+    def run(self, token: str, state: RecordDict) -> dict[str, Any]:
+        if token in self.runs:
+            return self.runs[token]
+        from fedkit.config.schema import validate
+        from fedkit.core.evaluator import Evaluator
+        from fedkit.core.worker import Worker
+        from fedkit.data.federated import build_federated_data
+        from fedkit.flower.records import restricted_loads
+        from fedkit.plugin.registry import discover, registries
+
+        self.runs.clear()  # a node process serves one run at a time
+        self.nodes.clear()
+        meta = json.loads(state[SETUP]["meta"])
+        trusted = tuple(meta["trusted"]) if self.trusted is None else self.trusted
+        setup = restricted_loads(state[SETUP]["bytes"], trusted)
+        setup.recipe = recipe = validate(meta["recipe"])
+        if setup.available is not None:  # the server's own plugins beside the installed ones
+            setup.available = {**discover(), **setup.available}
+        threads(int(recipe.engine.num_cpus))
+        regs = registries(setup.available)
+        dataset = regs.datasets.get(recipe.data.dataset)
+        partitioner = regs.partitioners.get(recipe.data.partition.name)
+        data = build_federated_data(recipe.data, recipe.seed, dataset, partitioner)
+        folder = self.folder if self.folder is not None else _path(meta.get("folder"))
+        found: dict[str, Any] = {}
+
+        def benchmark() -> Benchmark | None:
+            if "value" not in found:
+                found["value"] = Evaluator(recipe, data).benchmark()
+            return found["value"]
+
+        self.runs[token] = {
+            "setup": setup, "worker": Worker(setup), "data": data, "folder": folder,
+            "benchmark": benchmark,
+        }  # fmt: skip
+        return self.runs[token]
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None

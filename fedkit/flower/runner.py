@@ -1,0 +1,126 @@
+"""A deployment node's fedkit process: it lives as long as the node and runs every
+ClientApp task of the node itself, so torch, the model and the client's data load once.
+
+By default a Flower SuperNode starts a fresh process for every message it receives
+(importing the app, rebuilding its state). With ``--isolation process`` it leaves that to
+a process the operator runs next to it; ``fedkit deploy node`` starts the SuperNode so and
+then runs ``serve`` here: it asks the SuperNode's runtime API for ClientApp tasks, pulls
+each task's message and the node's ``Context``, answers with a ``NodeHost``
+(``fedkit.flower.node``), and pushes the reply and the new context back, as Flower's own
+``flwr-clientapp`` process does once per message.
+
+This uses Flower's runtime client (``flwr.supercore.runtime``) and the task helpers of
+``flwr.supernode.runtime.run_clientapp``: the ``flower`` extra pins the Flower minor
+version they were written against.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+POLL = 0.05
+"""Seconds between asks for a task when there is none."""
+
+
+def installed_modules() -> tuple[str, ...]:
+    """The top-level modules of the plugins installed here: what a setup may rebuild."""
+    from fedkit.plugin.registry import discover
+
+    return tuple(sorted({ep.value.split(":")[0].split(".")[0] for ep in discover().values()}))
+
+
+def _client(address: str, insecure: bool, certificates: bytes | None, *extra: Any) -> Any:
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    return RuntimeHttpClient.from_server_address(
+        server_address=address,
+        insecure=insecure,
+        root_certificates=certificates,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), *extra],
+        retry_invoker=make_simple_http_retry_invoker(),
+    )
+
+
+def serve(
+    address: str,
+    partition: int,
+    folder: Path,
+    insecure: bool = True,
+    certificates: bytes | None = None,
+    stop: Any = None,
+) -> None:
+    """Run the node's ClientApp tasks until ``stop()`` is true (or the process ends).
+    ``address`` is the SuperNode's runtime API; ``partition`` the client it holds."""
+    from flwr.common.constant import SubStatus
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+
+    from fedkit.flower.node import NodeHost
+    from fedkit.flower.tuning import quick_pulls
+
+    quick_pulls()
+    host = NodeHost(folder / "memories", installed_modules())
+    tasks = _client(address, insecure, certificates)
+    try:
+        while stop is None or not stop():
+            found = tasks.AcquireTask(
+                AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
+            )
+            if not (found.HasField("task") and found.token):
+                time.sleep(POLL)
+                continue
+            run_task(host, address, found.token, partition, insecure, certificates, SubStatus)
+    finally:
+        tasks.close()
+
+
+def run_task(
+    host: Any,
+    address: str,
+    token: str,
+    partition: int,
+    insecure: bool,
+    certificates: bytes | None,
+    status: Any,
+) -> None:
+    """One message: pull it and the node's context, answer it, push both back."""
+    from flwr.app import Message
+    from flwr.app.error import Error
+    from flwr.common.constant import ErrorCode
+    from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor
+    from flwr.supernode.runtime.run_clientapp import (
+        pull_task_input,
+        push_message,
+        push_task_output,
+    )
+
+    client = _client(address, insecure, certificates, RuntimeTokenHttpInterceptor(token))
+    heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+    heartbeat.start()
+    context, outcome, details = None, status.FAILED, "the task failed"
+    try:
+        message, context, _run, _fab = pull_task_input(client)
+        try:
+            content = host.handle(
+                message.metadata.message_type, message.content, context.state, partition
+            )
+            reply = Message(content, reply_to=message)
+            outcome, details = status.COMPLETED, ""
+        except Exception as exc:  # noqa: BLE001 - the server sees it as the client's failure
+            reason = f"{type(exc).__name__}: {exc}"
+            details = reason + "\n" + traceback.format_exc(limit=6)
+            reply = Message(
+                Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message
+            )
+        push_message(client, reply, context)
+    finally:
+        push_task_output(client, context, outcome, details)
+        if heartbeat.is_running:
+            heartbeat.stop()
+        client.close()

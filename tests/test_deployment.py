@@ -1,0 +1,148 @@
+"""A real Flower deployment on 127.0.0.1, as docs/deploy.md runs one: a SuperLink, three
+``fedkit deploy node`` sites and ``fedkit deploy run``, every process started and ended
+by the test. The run gives the metrics, ledger and pool of the sequential executor; no
+message the server receives carries a private key or a client's memory; what clients
+keep is on their nodes, not in the run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_recipe
+
+from fedkit.config.schema import validate
+from fedkit.core import runs
+from fedkit.rundir import checkpoint, logs
+
+pytest.importorskip(
+    "flwr", reason="the flower extra is not installed (pip install 'fedkit[flower]')"
+)
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def group_members(pgid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def federation(tmp_path):
+    """A SuperLink and three nodes; afterwards every one of their processes has ended."""
+    port = free_port()
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr"), "FLWR_TELEMETRY_ENABLED": "0"}
+    env["FEDKIT_FLOWER_AUDIT"] = str(tmp_path / "audit.jsonl")
+    env["OMP_NUM_THREADS"] = "1"
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # the SuperLink starts Flower commands
+    superlink = [
+        str(BIN / "flower-superlink"), "--insecure", "--isolation", "subprocess",
+        "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
+        "--database", str(tmp_path / "superlink.db"),
+    ]  # fmt: skip
+    procs = [start(superlink, tmp_path / "superlink.log", env)]
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the SuperLink did not start"
+            time.sleep(0.2)
+    for k in range(3):
+        node = [
+            str(BIN / "fedkit"), "deploy", "node", "--superlink", f"127.0.0.1:{port}",
+            "--partition", str(k), "--dir", str(tmp_path / f"node{k}"), "--insecure",
+        ]  # fmt: skip
+        procs.append(start(node, tmp_path / f"node{k}.log", env))
+    try:
+        yield port, env
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+        time.sleep(0.5)
+        left = [pid for proc in procs for pid in group_members(proc.pid)]
+        assert left == [], f"processes left behind: {left}"
+
+
+def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
+    federation, tmp_path
+):
+    port, env = federation
+    raw = tiny_recipe(federation={"rounds": 2, "clients_per_round": 3}, plugins=["fedavg", "fedbn"])
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "deployed"
+    command = [
+        str(BIN / "fedkit"), "deploy", "run", str(path), "--superlink", f"127.0.0.1:{port}",
+        "--out", str(out), "--insecure",
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seq = tmp_path / "sequential"
+    run = runs.start(validate(raw), seq)
+    private = run.server.private
+    runs.execute(run, seq)
+    assert logs.read_metrics(out) == logs.read_metrics(seq)
+    assert logs.read_ledger(out) == logs.read_ledger(seq)
+    a, b = (checkpoint.read(o).pool for o in (seq, out))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k][t], b[k][t]) for k in a for t in a[k])
+    sidecar = json.loads((checkpoint.folders(out)[0] / "state.json").read_text())
+    assert sorted(sidecar["clients"]) == ["0", "1", "2"]
+    assert all(entry["on_node"] for entry in sidecar["clients"].values())
+    assert not list((out / "clients").glob("*.safetensors"))
+    for k in range(3):
+        assert list((tmp_path / f"node{k}" / "memories").glob(f"{k}.r*.safetensors"))
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert {line["kind"] for line in audit} == {"train", "evaluate", "query"}
+    sent = {k for line in audit for k in line["keys"]}
+    assert private and sent and not sent & private  # FedBN's normalisation layers stay home
+    assert all("fedkit.memory" not in line["records"] for line in audit)
