@@ -164,6 +164,33 @@ def average(states: list[dict[str, Tensor]], weights: list[float]) -> dict[str, 
     return out
 
 
+class RunningMean:
+    """A weighted mean accumulated client by client (float64 sums, one per key): the
+    aggregation a hand-written cross-device loop does, with no copy of the uploads kept."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Tensor] = {}
+        self.dtypes: dict[str, torch.dtype] = {}
+        self.weight = 0.0
+
+    def add(self, state: dict[str, Tensor], weight: float) -> None:
+        for key, value in state.items():
+            if key in self.sums:
+                self.sums[key].add_(value.double(), alpha=weight)
+            else:
+                self.sums[key] = value.double() * weight
+                self.dtypes[key] = value.dtype
+        self.weight += weight
+
+    def result(self) -> dict[str, Tensor]:
+        out = {}
+        for key, total in self.sums.items():
+            mean = total / self.weight
+            floating = self.dtypes[key].is_floating_point
+            out[key] = mean.to(self.dtypes[key]) if floating else mean.floor().long()
+        return out
+
+
 class Shared(NamedTuple):
     """What every client job of the bare loop shares, looked up once: the federation
     settings, the normalisation and whether the model has BatchNorm."""
@@ -237,8 +264,11 @@ def bare_supervised(run: Run) -> Callable[[], Callable[[], None]]:
             state = {k: v.clone() for k, v in initial.items()}
             for r in range(1, cfg.rounds + 1):
                 picked = sampled(generator, len(data), cfg.clients_per_round)
-                states = [bare_client(model, state, data[c], common, r, generator) for c in picked]
-                state = average(states, [float(len(data[c][1])) for c in picked])
+                total = RunningMean()
+                for c in picked:
+                    upload = bare_client(model, state, data[c], common, r, generator)
+                    total.add(upload, float(len(data[c][1])))
+                state = total.result()
 
         return go
 

@@ -1,5 +1,7 @@
 """fedkit's partitioners: ``iid``, ``dirichlet`` (label skew), ``classes_per_client``
-(FedU's non-IID) and ``cluster_groups`` (CP-CFL's groups of clients sharing class sets).
+(FedU's non-IID), ``cluster_groups`` (CP-CFL's groups of clients sharing class sets) and
+``sampled`` (a few images per client drawn at random, for populations larger than the
+data set).
 Registered the way an outside package registers its own."""
 
 from __future__ import annotations
@@ -7,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fedkit import hookimpl
-from fedkit.data.partition import classes_per_client, cluster_groups, dirichlet, iid
+from fedkit.data.partition import classes_per_client, cluster_groups, dirichlet, iid, sampled
 
 
 @hookimpl
@@ -16,3 +18,4 @@ def register_partitioners(register: Callable[..., None]) -> None:
     register("dirichlet", dirichlet)
     register("classes_per_client", classes_per_client)
     register("cluster_groups", cluster_groups)
+    register("sampled", sampled)

@@ -112,7 +112,7 @@ def run(
     out: Annotated[Path | None, typer.Option(help="Run directory.")] = None,
     resume: Annotated[Path | None, typer.Option(help="Continue the run in DIR.")] = None,
     executor: Annotated[
-        str | None, typer.Option(help="sequential, isolated or ray (engine.executor).")
+        str | None, typer.Option(help="sequential, isolated, ray or flower (engine.executor).")
     ] = None,
     workers: Annotated[int | None, typer.Option(help="Ray actors (engine.workers).")] = None,
     report: Annotated[

@@ -199,7 +199,14 @@ def cli_page() -> str:
 
     group = typer.main.get_command(app)
     parts = ["# Command line\n\n", GENERATED, f"\n{group.help or ''}\n"]
+    commands = []
     for name, command in group.commands.items():
+        sub = getattr(command, "commands", None)  # a group (``fedkit deploy``): its commands
+        if sub:
+            commands += [(f"{name} {n}", c) for n, c in sub.items()]
+        else:
+            commands.append((name, command))
+    for name, command in commands:
         params = [p for p in command.params if p.name != "help"]
         parts.append(f"\n## `fedkit {name}`\n\n{inspect.cleandoc(command.help or '')}\n\n")
         parts.append(f"```text\n{_usage(name, params)}\n```\n\n")

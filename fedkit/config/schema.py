@@ -147,9 +147,12 @@ class EngineConfig(Section):
     ``executor``: a registered executor (``fedkit plugins`` lists them): ``sequential``
     (one after another, in this process), ``isolated`` (each job as a fresh worker process
     would run it: plugins rebuilt from the recipe, everything that crosses pickled; for
-    checking plugins) or ``ray`` (long-lived actors on a Ray cluster; the ``ray`` extra).
-    ``workers``, ``num_cpus``, ``num_gpus``, ``address``: Ray's actor count, resources
-    per actor and cluster (``auto``, ``ray://host:port``; none: a local cluster).
+    checking plugins), ``ray`` (long-lived actors on a Ray cluster; the ``ray`` extra) or
+    ``flower`` (each client a Flower node: Flower's simulation runtime, or a deployment
+    started with ``fedkit deploy``; the ``flower`` extra). ``workers``, ``num_cpus``,
+    ``num_gpus``, ``address``: Ray's actor count (Flower's simulation: its actors),
+    resources per actor (and torch's threads per client) and cluster (``auto``,
+    ``ray://host:port``; none: a local cluster).
     ``store``: a registered client store, ``memory`` or ``disk``, or ``auto`` (disk when
     the clients' kept state would pass ``memory_budget_mb``); ``cache``: client memories
     a disk store keeps in memory.

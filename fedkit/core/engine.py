@@ -20,11 +20,11 @@ from fedkit.config.schema import Recipe
 from fedkit.core import faults
 from fedkit.core.aggregation import weighted_mean
 from fedkit.core.evaluator import Evaluator, due
-from fedkit.core.executor import Executor, Population, StoreSpec
+from fedkit.core.executor import Clients, Executor, Population, StoreSpec
 from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, read_only
 from fedkit.core.preflight import check
 from fedkit.core.row import evaluation_entries, summarise
-from fedkit.core.server import Server, Upload
+from fedkit.core.server import MISSING, Server, Upload
 from fedkit.core.worker import non_finite
 from fedkit.data.federated import FederatedData, build_federated_data
 from fedkit.errors import RecipeError, RoundFailed
@@ -140,9 +140,7 @@ def prepare(
         server.ledger.aux_patterns,
     )  # fmt: skip
     evaluator = Evaluator(recipe, data)
-    population = Population(
-        {i: data.client(i) for i in range(data.num_clients)}, evaluator.benchmark()
-    )
+    population = Population(Clients(data), evaluator.benchmark())
     store = store_spec(recipe, regs, out, data.num_clients * kept_bytes(server.template, kept))
     executor = regs.executors.get(recipe.engine.executor)(setup, population, store)
     run = Run(recipe, plugins, server, executor, evaluator, data)
@@ -173,6 +171,7 @@ def restore(run: Run, snapshot: Snapshot) -> None:
         info = server.roster[int(cid)]
         info.participations, info.cluster = meta["participations"], meta["cluster"]
         info.last_round = meta["last_round"]
+        server._participants.add(int(cid))
     manifest = {int(cid): entry for cid, entry in snapshot.sidecar["clients"].items()}
     run.executor.adopt(snapshot.root / MEMORIES, manifest)
     server.ledger.rows.clear()
@@ -188,7 +187,7 @@ def checkpoint_state(run: Run) -> dict[str, Any]:
     return {
         "recipe": run.recipe.model_dump(mode="json"),
         "server_state": server.state,
-        "roster": {str(c.id): c.meta() for c in server.roster if c.participations},
+        "roster": {str(c): server.roster[c].meta() for c in sorted(server._participants)},
         "ledger": server.ledger.flushed,
         "rng": rng_states(),
     }
@@ -217,9 +216,13 @@ def default_sample(recipe: Recipe, round: int, eligible: list[int] | None = None
 
 
 def eligible(server: Server) -> list[int] | None:
-    """Clients that declared training data, or ``None`` when every client does."""
-    holding = [c.id for c in server.roster if c.num_samples > 0]
-    return None if len(holding) == len(server.roster) else holding
+    """Clients that declared training data, or ``None`` when every client does (found
+    once per run: what clients declared does not change, and a round must not cost time
+    in proportion to the whole population)."""
+    if server._eligible is MISSING:
+        holding = [c.id for c in server.roster if c.num_samples > 0]
+        server._eligible = None if len(holding) == len(server.roster) else holding
+    return server._eligible
 
 
 def rounds(run: Run, done: int = 0, reporter: Reporter = SilentReporter()) -> Iterator[dict]:
@@ -253,7 +256,10 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     metrics.update(summarise(results))
     if failures:
         metrics["failures"] = {str(f.client): f"{f.failure}: {f.error}" for f in failures}
-    metrics["clusters"] = {str(c.id): c.cluster for c in server.roster if c.cluster is not None}
+    roster = server.roster
+    metrics["clusters"] = {
+        str(c): roster[c].cluster for c in sampled if roster[c].cluster is not None
+    }
     metrics["bytes"] = server.ledger.totals(round)
     plugins.call("round_end", server=server)
     metrics.update(evaluate_round(run, round))
@@ -353,6 +359,7 @@ def receive(server: Server, result: ClientResult) -> None:
     if result.failure is not None:
         return
     server.ledger.record(server.round, result.client, "up", result.upload)
+    server._participants.add(result.client)
     info = server.roster[result.client]
     info.participations += 1
     info.cluster, info.last_round = result.cluster, server.round

@@ -70,8 +70,10 @@ class Evaluator:
         identity (``ari``) and of this round's clients only (``ari_round``; with partial
         participation the others keep older identities), and the number of distinct
         clusters in use."""
+        if self.groups is None:
+            return {}
         placed = [c for c in roster if c.cluster is not None]
-        if self.groups is None or not placed:
+        if not placed:
             return {}
         groups = self.groups
         sampled = [c for c in placed if c.last_round == round]

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,17 +28,46 @@ from typing import Any, Protocol
 from fedkit.core.faults import InjectedCrash
 from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, EvalResult
 from fedkit.core.worker import Benchmark, Worker
-from fedkit.data.federated import ClientData
+from fedkit.data.federated import ClientData, FederatedData
 from fedkit.rundir.store import ClientMemory, StateStore
+
+
+class Clients(Mapping[int, ClientData]):
+    """Every client's data by id, each built when first asked for (its images copied out
+    of the shared sets) and kept among the ``cache`` most recently used: a population of
+    a million clients holds index arrays, not a million data sets."""
+
+    def __init__(self, data: FederatedData, cache: int = 1024) -> None:
+        self.data, self.cache = data, cache
+        self._built: OrderedDict[int, ClientData] = OrderedDict()
+
+    def __getitem__(self, client: int) -> ClientData:
+        found = self._built.get(client)
+        if found is None:
+            if not 0 <= client < self.data.num_clients:
+                raise KeyError(client)
+            found = self._built[client] = self.data.client(client)
+            if len(self._built) > self.cache:
+                self._built.popitem(last=False)
+        else:
+            self._built.move_to_end(client)
+        return found
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.data.num_clients))
+
+    def __len__(self) -> int:
+        return self.data.num_clients
 
 
 @dataclass
 class Population:
     """What a simulation's client side holds besides what clients keep: every client's
-    data, and (only when the recipe scores clients' encoders) the simulation's benchmark
-    sets that each client's encoder is scored on."""
+    data (``Clients``, or any mapping of id to data), and (only when the recipe scores
+    clients' encoders) the simulation's benchmark sets that each client's encoder is
+    scored on."""
 
-    clients: dict[int, ClientData]
+    clients: Mapping[int, ClientData]
     benchmark: Benchmark | None = None
 
 

@@ -126,6 +126,10 @@ class ClientActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def node(self) -> str:
+        """The Ray node this actor runs on (where a multi-node run placed it)."""
+        return self.ray.get_runtime_context().get_node_id()
+
 
 class RayExecutor:
     """Clients on a pool of Ray actors (see the module docstring)."""

@@ -247,6 +247,9 @@ def execute(run: Run, out: Path, done: int = 0, reporter: Reporter = SilentRepor
         "plugins": run.plugins.names,
         "seconds_this_session": round(time.perf_counter() - began, 2),
     }
+    wire = getattr(run.executor, "wire", None)  # an executor that moves bytes over a network
+    if wire:
+        summary["wire_bytes"] = dict(wire)
     write_json(out / "summary.json", summary)
     return summary
 

@@ -84,6 +84,10 @@ REMOVED = {
 }
 
 
+MISSING = object()
+"""Not computed yet."""
+
+
 class Server:
     """What server-side hooks receive (see the module docstring and ``ATTRIBUTES``)."""
 
@@ -108,6 +112,8 @@ class Server:
         self.sampled: list[int] = []
         self.roster = [ClientInfo(i, int(n)) for i, n in enumerate(declared)]
         self._row: dict[str, Any] = {}
+        self._eligible: Any = MISSING  # the engine's, found once (see engine.eligible)
+        self._participants: set[int] = set()  # who answered at least once (checkpoints)
 
     def __getattr__(self, name: str) -> Any:
         if name in REMOVED:

@@ -74,11 +74,12 @@ def plain_loading(model: nn.Module) -> bool:
 def non_finite(tensors: dict[str, Tensor]) -> str | None:
     """The first key whose floating tensor holds a NaN or an infinity, if any.
 
-    A NaN or infinity makes its tensor's sum non-finite, so one check over the stacked
-    sums clears the usual all-finite case (per-tensor checks cost more than training a
-    small client); only a non-finite sum (or an overflowing one) searches key by key."""
-    sums = [v.sum().float().cpu() for v in tensors.values() if v.is_floating_point()]
-    if not sums or bool(torch.stack(sums).isfinite().all()):
+    A NaN or infinity makes its tensor's sum non-finite, so one check of the sum of the
+    sums (Python floats: one reduction per tensor, nothing stacked) clears the usual
+    all-finite case (per-tensor checks cost more than training a small client); only a
+    non-finite sum (or an overflowing one) searches key by key."""
+    total = sum(v.sum().item() for v in tensors.values() if v.is_floating_point())
+    if math.isfinite(total):
         return None
     for key, value in tensors.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
@@ -162,7 +163,7 @@ class Worker:
         plugins, model = self.plugins, self.model
         cluster = plugins.call("select_cluster", ctx=ctx, model=model)
         ctx.cluster = 0 if cluster is None else int(cluster)
-        ctx.received.update(ctx.fetch(ctx.cluster))
+        ctx._receive(ctx.cluster)
         local = {**self.template_state, **(memory.model or {})}
         claimed = plugins.claims(
             "update_client", reference=local, ctx=ctx, received=ctx.received, local=local

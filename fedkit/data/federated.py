@@ -78,14 +78,14 @@ def split_federated(
     n_server = int(round(cfg.server_fraction * len(labels)))
     server = stratified_sample(labels, n_server, server_rng)
     rest = np.setdiff1d(np.arange(len(labels)), server)
-    if cfg.num_clients > len(rest):
+    if cfg.num_clients > len(rest) and not getattr(partitioner, "overlapping", False):
         raise RecipeError(
             "data.num_clients",
             f"at most {len(rest)} (the train images left for clients after the server split)",
             cfg.num_clients,
         )
     split = partition(labels[rest], cfg, partition_rng, partitioner)
-    clients = [rest[c] for c in split.clients]
+    clients = split.clients if len(rest) == len(labels) else [rest[c] for c in split.clients]
     test_labels = test.labels.numpy()
     client_tests = [
         local_test_indices(labels[c], test_labels, cfg.local_test_size, test_rng) for c in clients

@@ -44,7 +44,7 @@ def partition(
     check_params(cfg.partition.name, fn, cfg.partition.params)
     params = cfg.partition.params
     labels = np.asarray(labels)
-    if cfg.num_clients > len(labels):
+    if cfg.num_clients > len(labels) and not getattr(fn, "overlapping", False):
         raise RecipeError(
             "data.num_clients",
             f"at most {len(labels)} (the train images to share)",
@@ -91,6 +91,22 @@ def _number(name: str, value: Any, *, integer: bool, minimum: float, strict: boo
 def _finish(chunks: Sequence[np.ndarray], **extra: Any) -> Partition:
     clients = [np.sort(np.asarray(c, dtype=np.int64)) for c in chunks]
     return Partition(clients, **extra)
+
+
+def sampled(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, size: int = 3
+) -> Partition:
+    """Each client ``size`` training images drawn uniformly at random, independently of
+    the others (clients may share images): a population far larger than the data set,
+    as a cross-device study of a million simulated clients needs, held as index arrays
+    only."""
+    _number("size", size, integer=True, minimum=1)
+    drawn = np.sort(rng.integers(0, len(labels), size=(num_clients, size)), axis=1)
+    return Partition(list(drawn))
+
+
+sampled.overlapping = True  # type: ignore[attr-defined]
+"""Clients may share images, so there may be more clients than images."""
 
 
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> Partition:

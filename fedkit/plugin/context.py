@@ -56,7 +56,8 @@ ATTRIBUTES = {
     "participations": "the rounds it trained before this one",
     "cluster": "the cluster it chose last round; this round's once `select_cluster` ran",
     "num_clusters": "how many cluster models the server offers this round",
-    "received": "what the server sent this round: the cluster state and `downlink` tensors",
+    "received": "what the server sent this round: the cluster state and `downlink` tensors "
+    "(the server's tensors: clone one before changing it in place)",
     "keys": "the template's key sets (`model`, `parameters`, `private`, `shared`)",
     "steps": "optimiser steps the core fit loop took this round",
     "fetch": "`ctx.fetch(c)`: download cluster `c`'s state (booked once per round)",
@@ -149,6 +150,17 @@ class ClientContext:
         if cluster not in self._fetched:
             self._fetched.append(cluster)
         return {k: v.clone() for k, v in self._offers[cluster].items()}
+
+    def _receive(self, cluster: int) -> None:
+        """The core's own download of the cluster this client chose: booked like
+        ``fetch``, its tensors put in ``received`` as the server sent them (read-only:
+        the worker copies them into the model, and a hook that wants to change one in
+        place clones it first), without the copy ``fetch`` makes for hooks."""
+        if not 0 <= cluster < len(self._offers):
+            raise ValueError(f"cluster {cluster} outside the pool of {len(self._offers)}")
+        if cluster not in self._fetched:
+            self._fetched.append(cluster)
+        self.received.update(self._offers[cluster])
 
     @property
     def logged(self) -> dict[str, Any]:
