@@ -55,6 +55,7 @@ def free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--only", default=None, help="run one runtime (debugging)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fedkit-runtimes-"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
@@ -66,6 +67,8 @@ def main() -> None:
         ("ray", ["--executor", "ray", "--workers", "2"]),
         ("flower simulation", ["--executor", "flower", "--workers", "2"]),
     ]:
+        if args.only and args.only != name:
+            continue
         out = tmp / name.replace(" ", "-")
         began = time.monotonic()
         proc = subprocess.Popen(
@@ -123,7 +126,15 @@ def main() -> None:
             )
         )
     try:
-        time.sleep(3)
+        deadline = time.monotonic() + 120
+        while True:  # the SuperLink's port (ten node processes loading torch slow it down)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         out = tmp / "flower-deployment"
         began = time.monotonic()
         run = [
@@ -139,8 +150,13 @@ def main() -> None:
             "--set",
             f"federation.rounds={args.rounds}",
         ]
-        proc = subprocess.Popen(run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        results["flower deployment"] = (out, watch(proc, out, args.rounds, began))
+        log = (tmp / "deploy-run.log").open("w")
+        proc = subprocess.Popen(run, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            results["flower deployment"] = (out, watch(proc, out, args.rounds, began))
+        except RuntimeError:
+            print((tmp / "deploy-run.log").read_text()[-3000:])
+            raise
         print(
             "flower deployment",
             [round(t, 1) for t in results["flower deployment"][1]],
@@ -153,6 +169,8 @@ def main() -> None:
                 os.killpg(p.pid, signal.SIGTERM)
         for p in procs:
             p.wait(timeout=30)
+    if args.only:
+        return
     base = results["sequential"]
     same = {n: read(o) == read(base[0]) for n, (o, _) in results.items()}
     sim = results["flower simulation"][1]

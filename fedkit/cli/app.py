@@ -32,6 +32,8 @@ app = typer.Typer(
 )
 console = Console()
 errors = Console(stderr=True)
+SHOWN_CLIENTS = 100
+"""Clients the partition table printed before round 1 lists (the file has them all)."""
 app.add_typer(deploy.app, name="deploy")
 
 
@@ -162,7 +164,13 @@ def run(
                     the_run, done = runs.start(parsed, out, plugins), 0
                 data = the_run.data
                 if not quiet:
-                    console.print(render_partition(partition_table(data), data.train.classes))
+                    rows = partition_table(data, limit=SHOWN_CLIENTS)
+                    console.print(render_partition(rows, data.train.classes))
+                    if data.num_clients > SHOWN_CLIENTS:
+                        console.print(
+                            f"… and {data.num_clients - SHOWN_CLIENTS:,} more clients "
+                            f"(all of them in {out / 'partition.json'})"
+                        )
             warn_about(the_run)
             rounds = the_run.recipe.federation.rounds
             if quiet:

@@ -35,7 +35,7 @@ from fedkit.config.schema import (
 from fedkit.config.shipped import resolve
 from fedkit.core.engine import Reporter, Run, SilentReporter, checkpoint_state, prepare, rounds
 from fedkit.core.preflight import check
-from fedkit.data.summary import partition_table, save_partition
+from fedkit.data.summary import partition_rows, save_partition
 from fedkit.errors import FedkitError, RecipeError
 from fedkit.plugin.manager import Plugins
 from fedkit.plugin.registry import discover
@@ -90,7 +90,7 @@ def start(recipe: Recipe, out: Path, plugins: Plugins | None = None) -> Run:
     claim(out)
     run = prepare(recipe, plugins, out=out)
     write_text(out / RECIPE, dump_recipe(recipe))
-    save_partition(partition_table(run.data), out / "partition.json")
+    save_partition(partition_rows(run.data), out / "partition.json")
     save(run, out, 0)
     return run
 

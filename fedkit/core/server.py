@@ -33,7 +33,7 @@ class Upload:
     tensors: dict[str, Tensor]
 
 
-@dataclass
+@dataclass(slots=True)
 class ClientInfo:
     """What the server knows of a client: its id, how many samples it declared it trains
     on, how often it has reported back, the cluster it last reported and in which round."""

@@ -5,35 +5,40 @@ Rows are plain dicts of JSON types, so the saved file reads back equal to what w
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 from rich.table import Table
 
 from fedkit.data.federated import FederatedData
-from fedkit.rundir.atomic import write_text
+from fedkit.rundir.atomic import write_chunks
 
 _CAPTION_CLASSES = 20
 
 
-def partition_table(fd: FederatedData) -> list[dict[str, Any]]:
-    """One row per client: sizes, true group, and per-class counts (lists by class id)."""
+def partition_rows(fd: FederatedData, limit: int | None = None) -> Iterator[dict[str, Any]]:
+    """One row per client (the first ``limit`` clients; all by default), made as they
+    are asked for: sizes, true group, and per-class counts (lists by class id)."""
     train_labels, test_labels = fd.train.labels.numpy(), fd.test.labels.numpy()
-    rows = []
-    for i, (train_idx, test_idx) in enumerate(zip(fd.clients, fd.client_tests, strict=True)):
-        rows.append(
-            {
-                "client": i,
-                "n_train": int(len(train_idx)),
-                "n_test": int(len(test_idx)),
-                "group": None if fd.groups is None else int(fd.groups[i]),
-                "train_counts": _counts(train_labels[train_idx], fd.num_classes),
-                "test_counts": _counts(test_labels[test_idx], fd.num_classes),
-            }
-        )
-    return rows
+    pairs = zip(fd.clients, fd.client_tests, strict=True)
+    for i, (train_idx, test_idx) in enumerate(itertools.islice(pairs, limit)):
+        yield {
+            "client": i,
+            "n_train": int(len(train_idx)),
+            "n_test": int(len(test_idx)),
+            "group": None if fd.groups is None else int(fd.groups[i]),
+            "train_counts": _counts(train_labels[train_idx], fd.num_classes),
+            "test_counts": _counts(test_labels[test_idx], fd.num_classes),
+        }
+
+
+def partition_table(fd: FederatedData, limit: int | None = None) -> list[dict[str, Any]]:
+    """The rows of ``partition_rows`` as a list."""
+    return list(partition_rows(fd, limit))
 
 
 def _counts(labels: np.ndarray, num_classes: int) -> list[int]:
@@ -57,6 +62,14 @@ def render_partition(rows: list[dict[str, Any]], classes: list[str]) -> Table:
     return table
 
 
-def save_partition(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
-    """Write the rows as JSON atomically."""
-    write_text(path, json.dumps(rows, indent=1) + "\n")
+def save_partition(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> None:
+    """Write the rows as a JSON list, one row per line, atomically (streamed: a million
+    clients' rows are never all in memory)."""
+
+    def pieces() -> Iterator[str]:
+        yield "["
+        for i, row in enumerate(rows):
+            yield ("\n" if i == 0 else ",\n") + json.dumps(row)
+        yield "\n]\n"
+
+    write_chunks(path, pieces())

@@ -33,7 +33,7 @@ from fedkit.errors import FedkitError, RecipeError
 AUDIT = "FEDKIT_FLOWER_AUDIT"
 """The environment variable naming the file that records what the server receives."""
 
-POLL = 0.02
+POLL = 0.05
 """Seconds between pulls of replies from the SuperLink."""
 
 SETUP_WAIT = 600.0

@@ -29,14 +29,20 @@ from fedkit.core.messages import ClientJob, ClientResult, EvalJob, EvalResult, P
 META = "fedkit"
 """The name of the JSON record in every fedkit message."""
 
+LAYOUT = "fedkit.layout"
+"""The record saying, for each array record of a message, where each key lies in it."""
+
 UPLOAD = ("model", "aux", "data")
 
 
 def put_state(content: RecordDict, name: str, state: Mapping[str, Tensor]) -> None:
     """``state`` as the array record ``name``: one flat array per dtype (Flower moves
     every array as an object of its own, so a model travels as one or two objects, not
-    one per tensor), and where each key lies in them in ``name.layout``. bfloat16
-    travels as float32 (Flower's arrays have no bfloat16)."""
+    one per tensor), and where each key lies in them in the message's one layout record.
+    bfloat16 travels as float32 (Flower's arrays have no bfloat16). An empty state adds
+    nothing (every record is one more object to move)."""
+    if not state:
+        return
     groups: dict[str, list[Tensor]] = {}
     layout = []
     for key, value in state.items():
@@ -46,7 +52,9 @@ def put_state(content: RecordDict, name: str, state: Mapping[str, Tensor]) -> No
         groups.setdefault(str(wire.dtype).removeprefix("torch."), []).append(wire.reshape(-1))
         layout.append([key, dtype, list(value.shape)])
     content[name] = ArrayRecord({d: torch.cat(parts) for d, parts in groups.items()})
-    content[name + ".layout"] = ConfigRecord({"json": json.dumps(layout)})
+    if LAYOUT not in content:
+        content[LAYOUT] = ConfigRecord()
+    content[LAYOUT][name] = json.dumps(layout)
 
 
 def get_state(content: RecordDict, name: str) -> dict[str, Tensor]:
@@ -56,7 +64,7 @@ def get_state(content: RecordDict, name: str) -> dict[str, Tensor]:
     flat = content[name].to_torch_state_dict()
     offsets = dict.fromkeys(flat, 0)
     state = {}
-    for key, dtype, shape in json.loads(content[name + ".layout"]["json"]):
+    for key, dtype, shape in json.loads(content[LAYOUT][name]):
         wire = "float32" if dtype == "bfloat16" else dtype
         size = math.prod(shape)
         start = offsets[wire]
@@ -68,12 +76,9 @@ def get_state(content: RecordDict, name: str) -> dict[str, Tensor]:
 
 def state_keys(content: RecordDict) -> set[str]:
     """Every tensor key a message carries, in any of its records."""
-    return {
-        entry[0]
-        for name, record in content.items()
-        if name.endswith(".layout")
-        for entry in json.loads(record["json"])
-    }
+    if LAYOUT not in content:
+        return set()
+    return {entry[0] for text in content[LAYOUT].values() for entry in json.loads(text)}
 
 
 def put_meta(content: RecordDict, value: dict[str, Any]) -> None:

@@ -7,10 +7,12 @@ each file it relies on. Temporary files are named ``.<target>.<random>.tmp``;
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,28 @@ def write_bytes(path: str | Path, data: bytes) -> str:
         Path(tmp).unlink(missing_ok=True)
         raise
     return sha256_bytes(data)
+
+
+def write_chunks(path: str | Path, chunks: Iterable[str]) -> str:
+    """``write_text`` of the text the chunks make, streamed to the temporary file (a
+    large file is never one string in memory); returns its SHA-256."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            for chunk in chunks:
+                data = chunk.encode()
+                digest.update(data)
+                handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return digest.hexdigest()
 
 
 def write_text(path: str | Path, text: str) -> str:
