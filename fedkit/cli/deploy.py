@@ -106,6 +106,7 @@ def node(
     ] = 0.2,
 ) -> None:
     """Start one site: Flower's SuperNode and fedkit's process that runs its client."""
+    tool("flower-supernode")  # the flower extra is installed, or a clear error
     from fedkit.flower.runner import serve
 
     folder = dir.expanduser().resolve()
