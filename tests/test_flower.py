@@ -7,9 +7,9 @@ whose client files the nodes wrote."""
 from __future__ import annotations
 
 import pytest
-import torch
 from conftest import prepared, tiny_recipe
 from test_contract import COMBOS, with_logdir
+from test_executors import same_pools
 from test_ssl_plugins import ssl_recipe
 
 from fedkit.config.schema import EngineConfig, validate
@@ -62,13 +62,6 @@ def rows_and_pool(raw, executor: str, rounds: int = 2):
         return rows, [dict(s) for s in run.server.pool], run
     finally:
         run.close()
-
-
-def same_pools(a, b) -> bool:
-    return all(
-        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
-        for x, y in zip(a, b, strict=True)
-    )
 
 
 CASES = {

@@ -23,6 +23,11 @@ import typer
 
 app = typer.Typer(no_args_is_help=True, help="Run recipes on a Flower deployment.")
 
+Insecure = Annotated[bool, typer.Option(help="No TLS (only on a trusted network, e.g. 127.0.0.1).")]
+RootCertificates = Annotated[
+    Path | None, typer.Option(help="CA certificate to verify the SuperLink (TLS).")
+]
+
 PYPROJECT = """\
 # A Flower app that runs fedkit recipes (written by `fedkit deploy app`).
 [build-system]
@@ -88,12 +93,8 @@ def node(
         Path,
         typer.Option("--dir", help="This node's folder: its socket and what its client keeps."),
     ],
-    insecure: Annotated[
-        bool, typer.Option(help="No TLS (only on a trusted network, e.g. 127.0.0.1).")
-    ] = False,
-    root_certificates: Annotated[
-        Path | None, typer.Option(help="CA certificate to verify the SuperLink (TLS).")
-    ] = None,
+    insecure: Insecure = False,
+    root_certificates: RootCertificates = None,
     auth_key: Annotated[
         Path | None,
         typer.Option(help="This node's private key, for SuperLink node authentication."),
@@ -170,12 +171,8 @@ def run(
     set: Annotated[
         list[str] | None, typer.Option("--set", help="KEY=VALUE recipe override (repeatable).")
     ] = None,
-    insecure: Annotated[
-        bool, typer.Option(help="No TLS (only on a trusted network, e.g. 127.0.0.1).")
-    ] = False,
-    root_certificates: Annotated[
-        Path | None, typer.Option(help="CA certificate to verify the SuperLink (TLS).")
-    ] = None,
+    insecure: Insecure = False,
+    root_certificates: RootCertificates = None,
 ) -> None:
     """Submit a recipe to a SuperLink (`flwr run`) and stream its log until it ends."""
     source = str(Path(recipe).resolve()) if Path(recipe).is_file() else recipe

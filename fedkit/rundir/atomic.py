@@ -16,8 +16,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedkit.rundir.integrity import sha256_bytes
-
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -27,34 +25,27 @@ TEMPORARY = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")
 def write_bytes(path: str | Path, data: bytes) -> str:
     """Replace ``path`` with ``data`` so that readers see the old or the new file, never
     half; returns the SHA-256 of ``data``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return sha256_bytes(data)
+    return _replace(path, [data])
 
 
 def write_chunks(path: str | Path, chunks: Iterable[str]) -> str:
     """``write_text`` of the text the chunks make, streamed to the temporary file (a
     large file is never one string in memory); returns its SHA-256."""
+    return _replace(path, (chunk.encode() for chunk in chunks))
+
+
+def _replace(path: str | Path, pieces: Iterable[bytes]) -> str:
+    """Write ``pieces`` to a temporary file beside ``path``, sync it, and move it over
+    ``path``; the SHA-256 of what was written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     digest = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as handle:
-            for chunk in chunks:
-                data = chunk.encode()
-                digest.update(data)
-                handle.write(data)
+            for piece in pieces:
+                digest.update(piece)
+                handle.write(piece)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
