@@ -2,7 +2,8 @@
 ``fedkit deploy node`` sites and ``fedkit deploy run``, every process started and ended
 by the test. The run gives the metrics, ledger and pool of the sequential executor; no
 message the server receives carries a private key or a client's memory; what clients
-keep is on their nodes, not in the run directory."""
+keep is on their nodes, not in the run directory; and running it again with more rounds
+resumes from the checkpoint and the nodes' own files, to the sequential numbers."""
 
 from __future__ import annotations
 
@@ -146,3 +147,15 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     sent = {k for line in audit for k in line["keys"]}
     assert private and sent and not sent & private  # FedBN's normalisation layers stay home
     assert all("fedkit.memory" not in line["records"] for line in audit)
+
+    # the same command with more rounds resumes: a new ServerApp, the nodes adopt their files
+    more = subprocess.run(
+        [*command, "--set", "federation.rounds=3"], env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    three = {**raw, "federation": {**raw["federation"], "rounds": 3}}
+    seq3 = tmp_path / "sequential3"
+    runs.execute(runs.start(validate(three), seq3), seq3)
+    assert logs.read_metrics(out) == logs.read_metrics(seq3)
+    assert logs.read_ledger(out) == logs.read_ledger(seq3)
