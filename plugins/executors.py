@@ -22,6 +22,9 @@ def ray_executor(*args: Any) -> Any:
 
 def flower_executor(*args: Any) -> Any:
     """The Flower executor, imported when a recipe asks for it (the ``flower`` extra)."""
+    from fedkit.flower import import_flwr
+
+    import_flwr()  # a clear error naming the extra, before anything imports Flower
     from fedkit.flower.flower_executor import FlowerExecutor
 
     return FlowerExecutor(*args)

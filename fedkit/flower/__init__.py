@@ -4,3 +4,21 @@ Flower records (``records.py``), and what a deployment runs: the apps (``servera
 ``clientapp.py``), a node's long-lived process (``runner.py``), its SuperNode
 (``supernode.py``) and shorter waits inside Flower (``tuning.py``). Needs the ``flower``
 extra."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedkit.errors import RecipeError
+
+
+def import_flwr() -> Any:
+    """Flower, or a clear error naming the extra that installs it (before anything in
+    this package, which imports Flower, is loaded)."""
+    try:
+        import flwr
+    except ImportError:
+        raise RecipeError(
+            "engine.executor", "the flower extra installed (pip install 'fedkit[flower]')", "flower"
+        ) from None
+    return flwr

@@ -18,10 +18,11 @@ from typing import Any
 from flwr.app import Message
 from flwr.clientapp import ClientApp
 
+from fedkit.flower.node import NodeHost
+
 
 def make_app() -> ClientApp:
     """A ClientApp whose process keeps one ``NodeHost`` for every node it answers for."""
-    from fedkit.flower.node import NodeHost
 
     app, hosts = ClientApp(), dict[Any, NodeHost]()
 

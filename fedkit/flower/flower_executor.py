@@ -21,14 +21,31 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import time
+import uuid
 from collections.abc import Iterator
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any, Protocol
 
+from flwr.app import ConfigRecord, Message
+
 from fedkit.core.executor import Population, StoreSpec
 from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, EvalResult
-from fedkit.errors import FedkitError, RecipeError
+from fedkit.errors import FedkitError
+from fedkit.flower.node import SETUP
+from fedkit.flower.records import (
+    eval_content,
+    eval_result_of,
+    get_meta,
+    job_content,
+    message,
+    result_of,
+    state_keys,
+    wire_bytes,
+)
+from fedkit.flower.simulation import SimulationLink
 
 AUDIT = "FEDKIT_FLOWER_AUDIT"
 """The environment variable naming the file that records what the server receives."""
@@ -39,17 +56,6 @@ POLL = 0.05
 SETUP_WAIT = 600.0
 """Seconds nodes have to set up their clients, when ``federation.client_timeout`` is not
 set (a node that was registered once but is gone never answers)."""
-
-
-def import_flwr() -> Any:
-    """Flower, or a clear error naming the extra that installs it."""
-    try:
-        import flwr
-    except ImportError:
-        raise RecipeError(
-            "engine.executor", "the flower extra installed (pip install 'fedkit[flower]')", "flower"
-        ) from None
-    return flwr
 
 
 class Link(Protocol):
@@ -79,13 +85,10 @@ class FlowerExecutor:
     """Clients on Flower nodes (see the module docstring)."""
 
     def __init__(self, setup: ClientSetup, population: Population, store: StoreSpec) -> None:
-        import_flwr()
         recipe = setup.recipe
         if _OPEN:
             self.link = _OPEN[0]
         else:
-            from fedkit.flower.simulation import SimulationLink
-
             self.link = SimulationLink(recipe.data.num_clients, recipe.engine)
         self.grid, self.timeout = self.link.grid, recipe.federation.client_timeout
         self.settled: dict[int, list[int]] = {}
@@ -99,9 +102,6 @@ class FlowerExecutor:
 
     def _send(self, kind: str, contents: dict[int, Any], timeout: float | None = None) -> dict:
         """Send one message per client; the replies that came back in time, by client."""
-        from flwr.app import Message
-
-        from fedkit.flower.records import wire_bytes
 
         sent = []
         for cid, content in contents.items():
@@ -124,7 +124,6 @@ class FlowerExecutor:
         path = os.environ.get(AUDIT)
         if not path:
             return
-        from fedkit.flower.records import state_keys
 
         line = {
             "kind": kind,
@@ -137,7 +136,6 @@ class FlowerExecutor:
 
     def _query(self, contents: dict[int, Any]) -> dict[int, dict[str, Any]]:
         """A query per client; the JSON answers (an error reply is the node's failure)."""
-        from fedkit.flower.records import get_meta
 
         answers = {}
         for cid, reply in self._send("query", contents, self.timeout).items():
@@ -152,14 +150,6 @@ class FlowerExecutor:
     def _setup(self, setup: ClientSetup, folder: Path | None) -> dict[int, int]:
         """Set every node up for this run; which node holds which client (node ids are
         Flower's random numbers, a node's client is its ``partition-id``)."""
-        import pickle
-        import uuid
-        from importlib.metadata import EntryPoint
-
-        from flwr.app import ConfigRecord
-
-        from fedkit.flower.node import SETUP
-        from fedkit.flower.records import get_meta, message
 
         recipe = setup.recipe
         custom = {n: p for n, p in (setup.available or {}).items() if not isinstance(p, EntryPoint)}
@@ -222,7 +212,6 @@ class FlowerExecutor:
 
     @staticmethod
     def _message(content: Any, node: int) -> Any:
-        from flwr.app import Message
 
         return Message(content, dst_node_id=node, message_type="query")
 
@@ -233,7 +222,6 @@ class FlowerExecutor:
         return set(range(size)) if job.client in self.everything else set()
 
     def run(self, jobs: list[ClientJob]) -> Iterator[ClientResult]:
-        from fedkit.flower.records import job_content, result_of
 
         pending = {job.client: (job, self._offered(job)) for job in jobs}
         began = time.monotonic()
@@ -270,7 +258,6 @@ class FlowerExecutor:
             pending = again
 
     def evaluate(self, jobs: list[EvalJob]) -> Iterator[EvalResult]:
-        from fedkit.flower.records import eval_content, eval_result_of
 
         contents = {job.client: eval_content(job, self.settled.get(job.client)) for job in jobs}
         replies = self._send("evaluate", contents, self.timeout)
@@ -288,7 +275,6 @@ class FlowerExecutor:
     def persist(self, folder: Path) -> dict[int, dict[str, str]]:
         """Each client that trained since the last checkpoint writes what it keeps on its
         node; the manifest (file names and hashes) is what comes back."""
-        from fedkit.flower.records import message
 
         asks = {
             cid: message({"action": "persist", "settled": self.settled.get(cid)})
@@ -306,7 +292,6 @@ class FlowerExecutor:
     def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None:
         """Every node takes back the memory the checkpoint names for its client (or
         forgets what it kept, when the checkpoint names none)."""
-        from fedkit.flower.records import message
 
         entries = {cid: files.get(cid) for cid in self.nodes}
         asks = {cid: message({"action": "adopt", "entry": e}) for cid, e in entries.items()}

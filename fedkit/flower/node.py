@@ -30,12 +30,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import ConfigRecord, RecordDict
 
+from fedkit.config.schema import validate
+from fedkit.core.evaluator import Evaluator
 from fedkit.core.faults import InjectedCrash
 from fedkit.core.messages import ClientResult, ClientSetup
 from fedkit.core.worker import Benchmark, Worker
-from fedkit.data.federated import ClientData
+from fedkit.data.federated import ClientData, build_federated_data
 from fedkit.errors import MissingOffer
 from fedkit.flower.records import (
     categories,
@@ -44,8 +47,10 @@ from fedkit.flower.records import (
     get_meta,
     job_of,
     message,
+    restricted_loads,
     result_content,
 )
+from fedkit.plugin.registry import discover, registries
 from fedkit.rundir.atomic import write_bytes
 from fedkit.rundir.integrity import sha256_bytes
 from fedkit.rundir.store import ClientMemory, memory_bytes, memory_file, memory_of_bytes
@@ -165,7 +170,6 @@ def kept(state: RecordDict) -> ClientMemory | None:
 
 def threads(count: int) -> None:
     """torch's thread count on this node, as a recipe's ``engine.num_cpus`` says."""
-    import torch
 
     torch.set_num_threads(max(1, count))
     os.environ["OMP_NUM_THREADS"] = str(max(1, count))
@@ -228,12 +232,6 @@ class NodeHost:
     def run(self, token: str, state: RecordDict) -> dict[str, Any]:
         if token in self.runs:
             return self.runs[token]
-        from fedkit.config.schema import validate
-        from fedkit.core.evaluator import Evaluator
-        from fedkit.core.worker import Worker
-        from fedkit.data.federated import build_federated_data
-        from fedkit.flower.records import restricted_loads
-        from fedkit.plugin.registry import discover, registries
 
         self.runs.clear()  # a node process serves one run at a time
         self.nodes.clear()

@@ -22,6 +22,21 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from flwr.app import Message
+from flwr.app.error import Error
+from flwr.common.constant import ErrorCode, SubStatus
+from flwr.proto.runtime_pb2 import AcquireTaskRequest
+from flwr.supercore.constant import TaskType
+from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+from flwr.supercore.retry import make_simple_http_retry_invoker
+from flwr.supercore.runtime import RuntimeHttpClient
+from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+
+from fedkit.flower.node import NodeHost
+from fedkit.flower.tuning import quick_pulls
+from fedkit.plugin.registry import discover
+
 TIMING = bool(os.environ.get("FEDKIT_NODE_TIMING"))
 """Print how long each task's pull, answer and push took (``FEDKIT_NODE_TIMING=1``)."""
 
@@ -33,15 +48,11 @@ idle nodes on one machine do not spend its cores asking."""
 
 def installed_modules() -> tuple[str, ...]:
     """The top-level modules of the plugins installed here: what a setup may rebuild."""
-    from fedkit.plugin.registry import discover
 
     return tuple(sorted({ep.value.split(":")[0].split(".")[0] for ep in discover().values()}))
 
 
 def _client(address: str, insecure: bool, certificates: bytes | None, *extra: Any) -> Any:
-    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-    from flwr.supercore.retry import make_simple_http_retry_invoker
-    from flwr.supercore.runtime import RuntimeHttpClient
 
     return RuntimeHttpClient.from_server_address(
         server_address=address,
@@ -62,12 +73,6 @@ def serve(
 ) -> None:
     """Run the node's ClientApp tasks until ``stop()`` is true (or the process ends).
     ``address`` is the SuperNode's runtime API; ``partition`` the client it holds."""
-    from flwr.common.constant import SubStatus
-    from flwr.proto.runtime_pb2 import AcquireTaskRequest
-    from flwr.supercore.constant import TaskType
-
-    from fedkit.flower.node import NodeHost
-    from fedkit.flower.tuning import quick_pulls
 
     quick_pulls()
     host = NodeHost(folder / "memories", installed_modules())
@@ -98,16 +103,6 @@ def run_task(
     status: Any,
 ) -> None:
     """One message: pull it and the node's context, answer it, push both back."""
-    from flwr.app import Message
-    from flwr.app.error import Error
-    from flwr.common.constant import ErrorCode
-    from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor
-    from flwr.supernode.runtime.run_clientapp import (
-        pull_task_input,
-        push_message,
-        push_task_output,
-    )
 
     began = time.perf_counter()
     client = _client(address, insecure, certificates, RuntimeTokenHttpInterceptor(token))

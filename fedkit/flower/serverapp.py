@@ -17,7 +17,13 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedkit.config.schema import load_recipe
+from fedkit.config.shipped import resolve
+from fedkit.core import runs
+from fedkit.flower.flower_executor import use_link
 from fedkit.flower.tuning import quick_pulls
+from fedkit.rundir import checkpoint
+from fedkit.rundir.logs import RECIPE
 
 app = ServerApp()
 quick_pulls()
@@ -48,12 +54,6 @@ class DeploymentLink:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    from fedkit.config.schema import load_recipe
-    from fedkit.config.shipped import resolve
-    from fedkit.core import runs
-    from fedkit.flower.flower_executor import use_link
-    from fedkit.rundir import checkpoint
-    from fedkit.rundir.logs import RECIPE
 
     config: dict[str, Any] = dict(context.run_config)
     out = Path(str(config["out"])).expanduser().resolve()

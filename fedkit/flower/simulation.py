@@ -19,8 +19,13 @@ import threading
 import time
 from typing import Any
 
+import ray
+from flwr.serverapp import ServerApp
+from flwr.simulation import run_simulation
+
 from fedkit.config.schema import EngineConfig
 from fedkit.errors import FedkitError
+from fedkit.flower.clientapp import make_app
 
 START_TIMEOUT = 600.0
 """Seconds to wait for Flower's simulation to start and every node to register."""
@@ -32,10 +37,6 @@ class SimulationLink:
     remote = False
 
     def __init__(self, nodes: int, engine: EngineConfig) -> None:
-        from flwr.serverapp import ServerApp
-        from flwr.simulation import run_simulation
-
-        from fedkit.flower.clientapp import make_app
 
         os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
         logging.getLogger("flwr").setLevel(logging.ERROR)
@@ -54,8 +55,6 @@ class SimulationLink:
         init["num_cpus"] = max(1, int(round(workers * engine.num_cpus)))
         resources = {"num_cpus": engine.num_cpus, "num_gpus": engine.num_gpus}
         config = {"client_resources": resources, "init_args": init}
-
-        import ray
 
         if not ray.is_initialized():  # here, in the calling thread, and quietly
             ray.init(**init, logging_level=logging.ERROR)

@@ -12,6 +12,11 @@ import os
 import time
 from typing import Any
 
+from flwr.supernode import start_client_internal
+from flwr.supernode.cli import flower_supernode
+
+from fedkit.flower.tuning import quick_pulls
+
 
 class ShortSleeps:
     """``time`` as Flower's SuperNode loop uses it, with sleeps capped at ``limit``."""
@@ -27,10 +32,6 @@ class ShortSleeps:
 
 
 def main() -> Any:
-    from flwr.supernode import start_client_internal
-    from flwr.supernode.cli import flower_supernode
-
-    from fedkit.flower.tuning import quick_pulls
 
     quick_pulls()
     start_client_internal.time = ShortSleeps(float(os.environ.get("FEDKIT_NODE_POLL", "0.2")))

@@ -14,12 +14,13 @@ import functools
 import importlib
 from typing import Any
 
+from flwr.supercore.inflatable import inflatable_utils
+
 INITIAL, CAP = 0.02, 0.2
 
 
 def quick_pulls() -> None:
     """Retry object pulls in this process after ``INITIAL`` s, backing off to ``CAP`` s."""
-    from flwr.supercore.inflatable import inflatable_utils
 
     original = inflatable_utils.pull_objects
     if getattr(original, "fedkit_quick", False):
