@@ -78,8 +78,8 @@ def fedkit_side(raw: dict[str, Any], rounds: int) -> Any:
         ),
         (
             fedkit.core.worker,
-            "_detached",
-            timed("fedkit: copy of the state after training", fedkit.core.worker._detached),
+            "snapshot",
+            timed("fedkit: copy of the state after training", fedkit.core.worker.snapshot),
         ),
         (
             fedkit.core.worker,

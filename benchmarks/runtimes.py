@@ -78,6 +78,48 @@ def main() -> None:
         )
         results[name] = (out, watch(proc, out, args.rounds, began))
         print(name, [round(t, 1) for t in results[name][1]], flush=True)
+    for name, database in (
+        ("flower deployment", False),
+        ("flower deployment, SuperLink database", True),
+    ):
+        if args.only and args.only != name:
+            continue
+        results[name] = deployment(
+            tmp / name.replace(" ", "-").replace(",", ""), args.rounds, env, database
+        )
+    if args.only:
+        return
+    base = results["sequential"]
+    same = {n: read(o) == read(base[0]) for n, (o, _) in results.items()}
+    sim = results["flower simulation"][1]
+    sim_round = (sim[-1] - sim[0]) / (len(sim) - 1)
+    print()
+    head = "| runtime | launch → end of round 1 (s) | rounds 2..R, mean (s) | vs sequential |"
+    print(head + " same metrics as sequential |")
+    print("|---|---|---|---|---|")
+    seq_round = (base[1][-1] - base[1][0]) / (len(base[1]) - 1)
+    for name, (_, ends) in results.items():
+        per = (ends[-1] - ends[0]) / (len(ends) - 1)
+        print(f"| {name} | {ends[0]:.1f} | {per:.2f} | {per / seq_round:.2f}× | {same[name]} |")
+    dep = results["flower deployment"][1]
+    ratio = ((dep[-1] - dep[0]) / (len(dep) - 1)) / sim_round
+    print(f"\ndeployment round / simulation round (rounds 2..R): {ratio:.2f}")
+    for name in ("flower simulation", "flower deployment"):
+        summary = json.loads((results[name][0] / "summary.json").read_text())
+        ledger, wire = summary["bytes"], summary.get("wire_bytes", {})
+        down = sum(ledger[f"down_{c}"] for c in ("model", "aux", "data"))
+        up = sum(ledger[f"up_{c}"] for c in ("model", "aux", "data"))
+        print(
+            f"{name}: ledger down {down:,} B, up {up:,} B; "
+            f"on the wire down {wire.get('down', 0):,} B, up {wire.get('up', 0):,} B"
+        )
+
+
+def deployment(tmp: Path, rounds: int, env: dict, database: bool) -> tuple[Path, list[float]]:
+    """A SuperLink and ten ``fedkit deploy node`` processes on 127.0.0.1, then ``fedkit
+    deploy run``; every process is stopped after. ``database``: the SuperLink keeps its
+    state in an SQLite file (``--database``) instead of in memory."""
+    tmp.mkdir(parents=True)
     port = free_port()
     procs = []
     began_federation = time.monotonic()
@@ -91,9 +133,9 @@ def main() -> None:
         "127.0.0.1",
         "--port",
         str(port),
-        "--database",
-        str(tmp / "superlink.db"),
     ]
+    if database:  # Flower's state in SQLite; without it, in memory
+        superlink += ["--database", str(tmp / "superlink.db")]
     procs.append(
         subprocess.Popen(
             superlink,
@@ -148,18 +190,18 @@ def main() -> None:
             str(out),
             "--insecure",
             "--set",
-            f"federation.rounds={args.rounds}",
+            f"federation.rounds={rounds}",
         ]
         log = (tmp / "deploy-run.log").open("w")
         proc = subprocess.Popen(run, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            results["flower deployment"] = (out, watch(proc, out, args.rounds, began))
+            ends = watch(proc, out, rounds, began)
         except RuntimeError:
             print((tmp / "deploy-run.log").read_text()[-3000:])
             raise
         print(
-            "flower deployment",
-            [round(t, 1) for t in results["flower deployment"][1]],
+            tmp.name,
+            [round(t, 1) for t in ends],
             f"(SuperLink and nodes started {began - began_federation:.1f} s before)",
             flush=True,
         )
@@ -169,32 +211,7 @@ def main() -> None:
                 os.killpg(p.pid, signal.SIGTERM)
         for p in procs:
             p.wait(timeout=30)
-    if args.only:
-        return
-    base = results["sequential"]
-    same = {n: read(o) == read(base[0]) for n, (o, _) in results.items()}
-    sim = results["flower simulation"][1]
-    sim_round = (sim[-1] - sim[0]) / (len(sim) - 1)
-    print()
-    head = "| runtime | launch → end of round 1 (s) | rounds 2..R, mean (s) | vs sequential |"
-    print(head + " same metrics as sequential |")
-    print("|---|---|---|---|---|")
-    seq_round = (base[1][-1] - base[1][0]) / (len(base[1]) - 1)
-    for name, (_, ends) in results.items():
-        per = (ends[-1] - ends[0]) / (len(ends) - 1)
-        print(f"| {name} | {ends[0]:.1f} | {per:.2f} | {per / seq_round:.2f}× | {same[name]} |")
-    dep = results["flower deployment"][1]
-    ratio = ((dep[-1] - dep[0]) / (len(dep) - 1)) / sim_round
-    print(f"\ndeployment round / simulation round (rounds 2..R): {ratio:.2f}")
-    for name in ("flower simulation", "flower deployment"):
-        summary = json.loads((results[name][0] / "summary.json").read_text())
-        ledger, wire = summary["bytes"], summary.get("wire_bytes", {})
-        down = sum(ledger[f"down_{c}"] for c in ("model", "aux", "data"))
-        up = sum(ledger[f"up_{c}"] for c in ("model", "aux", "data"))
-        print(
-            f"{name}: ledger down {down:,} B, up {up:,} B; "
-            f"on the wire down {wire.get('down', 0):,} B, up {wire.get('up', 0):,} B"
-        )
+    return out, ends
 
 
 def read(out: Path) -> list[dict]:

@@ -86,7 +86,6 @@ def federation(tmp_path):
     superlink = [
         str(BIN / "flower-superlink"), "--insecure", "--isolation", "subprocess",
         "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
-        "--database", str(tmp_path / "superlink.db"),
     ]  # fmt: skip
     procs = [start(superlink, tmp_path / "superlink.log", env)]
     deadline = time.monotonic() + 60

@@ -21,6 +21,7 @@ pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'fedkit[flower]')"
 )
 
+from fedkit.flower import supernode  # noqa: E402
 from fedkit.flower.flower_executor import use_link  # noqa: E402
 from fedkit.flower.records import get_meta, state_keys  # noqa: E402
 from fedkit.flower.simulation import SimulationLink  # noqa: E402
@@ -126,3 +127,28 @@ def test_a_flower_run_resumes_from_the_nodes_files(link, tmp_path):
         assert read(part) == read(full)
     a, b = (checkpoint.read(out).pool for out in (full, part))
     assert a.keys() == b.keys() and all(same_pools([a[k]], [b[k]]) for k in a)
+
+
+def test_the_supernode_sleeps_short_after_work_and_longer_while_idle(monkeypatch):
+    """Flower's SuperNode loop sleeps 3 s when idle; fedkit's starts at 20 ms after any
+    work, doubles while idle, and never exceeds its limit nor what Flower asked."""
+    clock, slept = [100.0], []
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return clock[0]
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            slept.append(round(seconds, 3))
+            clock[0] += seconds + 0.001  # an idle poll takes a millisecond
+
+    monkeypatch.setattr(supernode, "time", Clock)
+    sleeps = supernode.ShortSleeps(0.2)
+    for _ in range(6):
+        sleeps.sleep(3)
+    clock[0] += 1.0  # a message was handled
+    sleeps.sleep(3)
+    sleeps.sleep(0.01)
+    assert slept == [0.02, 0.04, 0.08, 0.16, 0.2, 0.2, 0.02, 0.01]

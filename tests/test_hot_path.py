@@ -32,7 +32,7 @@ def plain_seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def plain_non_finite(tensors):
+def plain_non_finite(tensors, owned=False):
     for key, value in tensors.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             return key
@@ -149,3 +149,13 @@ def test_a_module_with_its_own_loading_gets_load_state_dict():
     worker.load({k: torch.ones_like(v) for k, v in model.state_dict().items()})
     assert CountingNorm.loads == 1
     assert all(bool((v == 1).all()) for v in worker.model.state_dict().values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_the_fused_check_of_owned_tensors_finds_what_the_plain_one_finds(dtype):
+    state = {"a": torch.ones(3, dtype=dtype), "n": torch.arange(4), "b": torch.zeros(2, 2)}
+    copy = {k: v.clone() for k, v in state.items()}
+    assert non_finite(state, owned=True) is None
+    assert all(torch.equal(state[k], copy[k]) for k in state)  # written back unchanged
+    state["a"][2] = math.nan
+    assert non_finite(state, owned=True) == plain_non_finite(state) == "a"

@@ -103,7 +103,8 @@ def node(
         int | None, typer.Option(help="Port of the SuperNode's local API (default: a free one).")
     ] = None,
     poll: Annotated[
-        float, typer.Option(help="Seconds the SuperNode waits between asks for messages.")
+        float,
+        typer.Option(help="Longest wait of the idle SuperNode between asks for messages (s)."),
     ] = 0.2,
 ) -> None:
     """Start one site: Flower's SuperNode and fedkit's process that runs its client."""

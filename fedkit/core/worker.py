@@ -54,8 +54,11 @@ Benchmark = tuple[ImageSet, ImageSet]
 """The simulation's sets a client's encoder is scored on (train, test), when asked."""
 
 
-def _detached(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {k: v.detach().clone() for k, v in state.items()}
+@torch.no_grad()
+def snapshot(model: nn.Module) -> dict[str, Tensor]:
+    """A copy of every tensor of ``model``'s state: the walk that keeps the tensors
+    themselves (no detached alias made per key), cloned with autograd off."""
+    return {k: v.clone() for k, v in model.state_dict(keep_vars=True).items()}
 
 
 def plain_loading(model: nn.Module) -> bool:
@@ -71,20 +74,43 @@ def plain_loading(model: nn.Module) -> bool:
     return True
 
 
-def non_finite(tensors: dict[str, Tensor]) -> str | None:
+def non_finite(tensors: dict[str, Tensor], *, owned: bool = False) -> str | None:
     """The first key whose floating tensor holds a NaN or an infinity, if any.
 
     A NaN or infinity makes its tensor's sum non-finite, so one check of the sum of the
     sums (Python floats: one reduction per tensor, nothing stacked) clears the usual
     all-finite case (per-tensor checks cost more than training a small client); only a
-    non-finite sum (or an overflowing one) searches key by key."""
-    total = sum(v.sum().item() for v in tensors.values() if v.is_floating_point())
-    if math.isfinite(total):
+    non-finite sum (or an overflowing one) searches key by key. With ``owned`` (the
+    caller's own fresh copies) the check is PyTorch's fused one of its gradient scaler,
+    a single call over every tensor, which writes each value back unchanged."""
+    floats = [v for v in tensors.values() if v.is_floating_point()]
+    if owned and floats and _all_finite(floats):
+        return None
+    if not owned and math.isfinite(sum(v.sum().item() for v in floats)):
         return None
     for key, value in tensors.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             return key
     return None
+
+
+def _all_finite(floats: list[Tensor]) -> bool:
+    """Whether every value is finite, by the gradient scaler's check with a scale of one
+    (``False`` also when the fused check cannot run, so the caller searches)."""
+    found = torch.zeros(1, device=floats[0].device)
+    try:
+        torch._amp_foreach_non_finite_check_and_unscale_(floats, found, torch.ones_like(found))
+    except RuntimeError:
+        return False
+    return not bool(found.item())
+
+
+class NonFiniteUpload(ArithmeticError):
+    """A client's upload holds a NaN or an infinity (the client fails, the round goes on)."""
+
+    def __init__(self, key: str, fetched: list[int]) -> None:
+        super().__init__(f"upload key {key!r} holds a non-finite value")
+        self.fetched = fetched
 
 
 class Worker:
@@ -94,7 +120,7 @@ class Worker:
         self.setup = setup
         self.plugins = Plugins(setup.recipe, setup.available, side=CLIENT)
         self.device = torch.device(setup.device)
-        self.template_state = _detached(setup.template.state_dict())
+        self.template_state = snapshot(setup.template)
         self.model = copy.deepcopy(setup.template).to(self.device)
         self.keys = ModelKeys(
             frozenset(self.template_state),
@@ -170,18 +196,21 @@ class Worker:
         )
         merged = {**local, **ctx.received, **claimed}
         self.load({k: merged[k] for k in local})
-        before = _detached(model.state_dict()) if self._wants_before else {}
+        before = snapshot(model) if self._wants_before else {}
         self.train(ctx)
         plugins.call("after_local_train", ctx=ctx, model=model, before=before)
-        after = _detached(model.state_dict())
+        after = snapshot(model)
         chosen = plugins.claims("upload_selection", ctx=ctx, local=after, model=model)
+        if self.device.type != "cpu":
+            after = {k: v.cpu() for k, v in after.items()}
         upload = {k: v for k, v in after.items() if k not in self.keys.private}
-        upload.update(chosen)
-        upload = {k: v.detach().cpu() for k, v in upload.items() if v is not DROP}
+        upload.update({k: v.detach().cpu() for k, v in chosen.items()})
+        upload = {k: v for k, v in upload.items() if v is not DROP}
         upload = plugins.chain("process_upload", "upload", ctx=ctx, upload=upload)
         if job.fault == "nan":
             upload = poisoned(upload)
-        memory.model = {k: after[k].cpu() for k in self.kept}
+        self.check_upload(upload, after, ctx.fetched)
+        memory.model = {k: after[k] for k in self.kept}
         memory.state, memory.tensors = ctx.state, ctx.tensors
         memory.participations += 1
         memory.cluster = ctx.cluster
@@ -189,6 +218,17 @@ class Worker:
             data.id, ctx.cluster, float(len(data.train)), upload, ctx.fetched, ctx.logged
         )
         return result, memory
+
+    def check_upload(
+        self, upload: dict[str, Tensor], own: dict[str, Tensor], fetched: list[int]
+    ) -> None:
+        """Raise ``NonFiniteUpload`` when a floating tensor of the upload is not finite: the
+        worker's own copies (``own``) in one fused check, what plugins made separately."""
+        mine = {k: v for k, v in upload.items() if own.get(k) is v}
+        other = {k: v for k, v in upload.items() if own.get(k) is not v}
+        bad = non_finite(mine, owned=True) or non_finite(other)
+        if bad is not None:
+            raise NonFiniteUpload(bad, fetched)
 
     def act_out(self, job: ClientJob) -> None:
         """Injected faults that act before the client's work (testing)."""
@@ -213,14 +253,12 @@ class Worker:
                 result, memory = self.run(job, data, memory)
         except (FedkitError, InjectedCrash, MissingOffer):
             raise
+        except NonFiniteUpload as exc:
+            return ClientResult.failed(job.client, "non-finite", str(exc), exc.fetched), None
         except Exception as exc:  # noqa: BLE001 - any client failure is data
             loss = NonFiniteLoss in (type(exc), type(exc.__cause__))
             kind = "non-finite" if loss else "exception"
             return ClientResult.failed(job.client, kind, failure_text(exc)), None
-        bad = non_finite(result.upload)
-        if bad is not None:
-            error = f"upload key {bad!r} holds a non-finite value"
-            return ClientResult.failed(job.client, "non-finite", error, result.fetched), None
         return result, memory
 
     def train(self, ctx: ClientContext) -> None:

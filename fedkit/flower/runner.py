@@ -128,7 +128,8 @@ def run_task(
         push_message(client, reply, context)
         if TIMING:
             print(
-                f"fedkit-timing {message.metadata.message_type} pull {pulled - began:.3f} "
+                f"fedkit-timing {message.metadata.message_type} at {time.time():.3f} "
+                f"pull {pulled - began:.3f} "
                 f"handle {handled - pulled:.3f} push {time.perf_counter() - handled:.3f}",
                 flush=True,
             )
