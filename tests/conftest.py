@@ -20,6 +20,15 @@ torch.set_num_threads(int(os.environ.get("FEDKIT_TEST_THREADS", "1")))
 os.environ["FEDKIT_REPORT"] = "0"
 
 
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A small local Ray cluster for one test module (2 CPUs, no dashboard), shut down after."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture
 def write_recipe(tmp_path: Path):
     """Write a recipe (a mapping, YAML text or raw bytes) to a file and return its path."""

@@ -3,6 +3,8 @@ registry-wide checks every installed plugin must pass."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -117,3 +119,20 @@ def test_third_party_plugin_is_listed_and_usable(tmp_path, write_recipe, monkeyp
     ran = CliRunner().invoke(app, ["run", str(recipe), "--out", str(out)])
     assert ran.exit_code == 0, ran.output
     assert '"shrink_factor": 0.25' in (out / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_misspelt_set_key_is_answered_without_loading_torch(command, tmp_path):
+    args = ["--set", "federation.roundz=2"]
+    if command == "sweep":
+        args += ["--set", "seed=0,1", "--out", str(tmp_path / "s")]
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "fedkit", command, "quickstart", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert 'did you mean "rounds"' in proc.stderr and "Traceback" not in proc.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
+    assert "fedkit.cli.app" in imported and not any(m.startswith("torch") for m in imported)

@@ -1,4 +1,4 @@
-"""The ``fedkit`` command line: run, validate, plugins, recipes."""
+"""The ``fedkit`` command line: run, sweep, validate, plugins, recipes."""
 
 from __future__ import annotations
 
@@ -30,8 +30,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Federated representation learning and clustered FL, composed from plugins.",
 )
-console = Console()
-errors = Console(stderr=True)
+UNWRAPPED = 10_000
+"""Columns of a console that is not a terminal (rich's default is 80)."""
+
+
+def unwrapped_unless_terminal(console: Console) -> Console:
+    """A console writing to a file, a pipe or a scheduler's log keeps each line whole
+    (one line per round, tables not shredded); a terminal keeps its own width."""
+    if not console.is_terminal:
+        console.width = UNWRAPPED
+    return console
+
+
+console = unwrapped_unless_terminal(Console())
+errors = unwrapped_unless_terminal(Console(stderr=True))
 SHOWN_CLIENTS = 100
 """Clients the partition table printed before round 1 lists (the file has them all)."""
 app.add_typer(deploy.app, name="deploy")
@@ -87,12 +99,15 @@ def naming_file(path: Path) -> Iterator[None]:
 
 
 def load_checked(path: Path, overrides: list[str]) -> tuple[Recipe, Plugins]:
-    """Load, validate and check a recipe file; every error names the file."""
+    """Load, validate and check a recipe file; every error names the file. The keys and
+    values are validated before torch loads (the plugins' checks need it), so a misspelt
+    ``--set`` key is answered at once."""
     from fedkit.config.schema import load_recipe
-    from fedkit.core.preflight import check
 
     with naming_file(path):
         recipe = load_recipe(path, overrides)
+        from fedkit.core.preflight import check
+
         return recipe, check(recipe)
 
 
@@ -131,13 +146,18 @@ def run(
     ] = False,
 ) -> None:
     """Run a recipe (or resume a run) and write its run directory."""
-    from fedkit.cli.progress import RichReporter, summary_table
-    from fedkit.core import runs
-    from fedkit.data.summary import partition_table, render_partition
-
     quiet = quiet or as_json
     engine = engine_settings(executor, workers)
     with friendly_errors():
+        if resume is None:
+            if recipe is None:
+                raise FedkitError("give a recipe (file or shipped name) or --resume DIR")
+            path = shipped.resolve(recipe)
+            parsed, plugins = load_checked(path, [*(set_ or []), *engine])
+        from fedkit.cli.progress import RichReporter, summary_table
+        from fedkit.core import runs
+        from fedkit.data.summary import partition_table, render_partition
+
         if resume is not None:
             if recipe is not None or out is not None or engine:
                 raise FedkitError(
@@ -146,10 +166,6 @@ def run(
                 )
             out = resume
         else:
-            if recipe is None:
-                raise FedkitError("give a recipe (file or shipped name) or --resume DIR")
-            path = shipped.resolve(recipe)
-            parsed, plugins = load_checked(path, [*(set_ or []), *engine])
             out = out or runs.default_out(path.stem)
         fresh = not out.exists()
         with RunLock(out), interrupted(out), tidy(out, fresh):
@@ -247,6 +263,58 @@ def interrupted(out: Path) -> Iterator[None]:
             soft_wrap=True,
         )
         raise typer.Exit(130) from None
+
+
+@app.command()
+def sweep(
+    recipe: Annotated[str, typer.Argument(help="Recipe file or shipped name.")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="KEY=VALUE, or KEY=V1,V2,... for an axis of the grid."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Sweep directory (one run directory per cell).")] = ...,
+    parallel: Annotated[
+        int, typer.Option(help="Cells run at once (cores split between them).")
+    ] = 1,
+    executor: Annotated[
+        str | None, typer.Option(help="sequential, isolated, ray or flower (engine.executor).")
+    ] = None,
+    workers: Annotated[int | None, typer.Option(help="Ray actors (engine.workers).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the table.")] = False,
+) -> None:
+    """Run the cartesian product of the listed values (resumable), then a table of final
+    and best metrics, mean ± std over seeds (DIR/table.md, .csv, .json)."""
+    from fedkit.cli.sweep import sweep as run_sweep
+
+    engine = engine_settings(executor, workers)
+    with friendly_errors():
+        path = shipped.resolve(recipe)
+
+        def rounds_of(overrides: list[str]) -> int:
+            from fedkit.config.schema import load_recipe
+
+            with naming_file(path):
+                return load_recipe(path, overrides).federation.rounds
+
+        def say(line: str) -> None:
+            if not quiet:
+                console.print(line, highlight=False, soft_wrap=True)
+
+        table, failed = run_sweep(
+            str(path), path, set_ or [], out, parallel, engine, rounds_of, say
+        )
+        if table.row_count:
+            console.print(table)
+            console.print(f"sweep: {out} (table.md, table.csv, table.json)", highlight=False)
+    if failed:
+        names = ", ".join(job.cell.name for job, _ in failed)
+        errors.print(
+            f"[bold red]error:[/] {len(failed)} cells failed: {names} (logs in {out / 'logs'}; "
+            "run the same command again to retry them)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
 
 
 @app.command()
