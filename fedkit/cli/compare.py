@@ -37,7 +37,8 @@ def summarise(data: RunData) -> dict[str, Any]:
             top = best(rounds, values, key)
             line[key] = {"final": values[-1], "best": top[0], "best_round": top[1]}
     line["MB"] = data.summary.get("bytes", {}).get("total", 0) / 2**20
-    line["seconds"] = data.summary.get("seconds_this_session")
+    summary = data.summary
+    line["seconds"] = summary.get("seconds", summary.get("seconds_this_session"))
     return line
 
 

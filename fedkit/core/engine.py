@@ -6,6 +6,7 @@ client (personal_model → evaluate_client), the server's evaluate; round_logged
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -66,6 +67,10 @@ class Run:
     evaluator: Evaluator
     data: FederatedData
     notes: list[str] = field(default_factory=list)
+    began: float = field(default_factory=time.perf_counter)
+    times: dict[str, float] = field(default_factory=dict)
+    """The last round's wall time: ``train`` (the clients' jobs as the server waited for
+    them), ``aggregate``, ``evaluate`` and ``seconds`` (the whole round)."""
 
     def close(self) -> None:
         """Release the executor (a Ray cluster this run started, worker actors)."""
@@ -92,6 +97,7 @@ def prepare(
     restored before ``configure`` (so ``server.once`` hands back what was computed) and
     the rest after. ``out`` is the run directory (a disk store keeps client memories
     under it)."""
+    started = time.perf_counter()
     plugins = plugins if plugins is not None else check(recipe)
     regs = registries(plugins.available if plugins.custom else None)
     device = resolve_device(recipe.device)
@@ -143,7 +149,7 @@ def prepare(
     population = Population(Clients(data), evaluator.benchmark())
     store = store_spec(recipe, regs, out, data.num_clients * kept_bytes(server.template, kept))
     executor = regs.executors.get(recipe.engine.executor)(setup, population, store)
-    run = Run(recipe, plugins, server, executor, evaluator, data)
+    run = Run(recipe, plugins, server, executor, evaluator, data, began=started)
     if snapshot is not None:
         restore(run, snapshot)
     return run
@@ -235,6 +241,7 @@ def rounds(run: Run, done: int = 0, reporter: Reporter = SilentReporter()) -> It
 def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> dict[str, Any]:
     """One federated round; returns its metrics row."""
     server, plugins = run.server, run.plugins
+    began = time.perf_counter()
     server.round = round
     server._row = metrics = {"round": round}
     sampled = checked_sample(run, plugins.call("sample_clients", server=server, round=round))
@@ -245,6 +252,7 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
         receive(server, result)
         (results if result.failure is None else failures).append(result)
         reporter.client_done(round, result.client)
+    trained = time.perf_counter()
     check_quorum(run, results, failures)
     results.sort(key=lambda r: r.client)
     seed_everything(derive(run.recipe.seed, "server", round))
@@ -262,8 +270,16 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     }
     metrics["bytes"] = server.ledger.totals(round)
     plugins.call("round_end", server=server)
+    aggregated = time.perf_counter()
     metrics.update(evaluate_round(run, round))
     plugins.call("round_logged", server=server, metrics=metrics)
+    ended = time.perf_counter()
+    run.times = {
+        "train": trained - began,
+        "aggregate": aggregated - trained,
+        "evaluate": ended - aggregated,
+        "seconds": ended - began,
+    }
     reporter.round_done(round, metrics)
     return metrics
 

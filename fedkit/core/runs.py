@@ -50,10 +50,13 @@ from fedkit.rundir.logs import (
     METRICS,
     RECIPE,
     append_logs,
+    append_time,
     log_states,
     read_metrics,
+    read_times,
     restore_logs,
     split_row,
+    total_seconds,
 )
 from fedkit.rundir.store import MEMORIES
 
@@ -230,10 +233,14 @@ def execute(run: Run, out: Path, done: int = 0, reporter: Reporter = SilentRepor
     """Run rounds ``done+1 .. R``, checkpointing as configured; returns the summary."""
     every, total = run.recipe.engine.checkpoint_every, run.recipe.federation.rounds
     began = time.perf_counter()
+    session = 1 + max((int(r.get("session", 0)) for r in read_times(out)), default=0)
+    append_time(out, {"session": session, "setup": round(began - run.began, 3), "after": done})
     pending: list[dict[str, Any]] = []
     last = read_metrics(out)[-1:] if done else []
     try:
         for row in rounds(run, done, reporter):
+            times = {k: round(v, 3) for k, v in run.times.items()}
+            append_time(out, {"session": session, "round": row["round"], **times})
             pending.append(row)
             if row["round"] % every == 0 or row["round"] == total:
                 commit(run, out, pending, row["round"])
@@ -246,6 +253,8 @@ def execute(run: Run, out: Path, done: int = 0, reporter: Reporter = SilentRepor
         "bytes": run.server.ledger.totals(),
         "plugins": run.plugins.names,
         "seconds_this_session": round(time.perf_counter() - began, 2),
+        "seconds": round(total_seconds(read_times(out)), 2),
+        "sessions": session,
     }
     wire = getattr(run.executor, "wire", None)  # an executor that moves bytes over a network
     if wire:

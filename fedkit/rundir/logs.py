@@ -7,7 +7,10 @@ each sampled client reported, the cluster it chose, per-client evaluation),
 failed). Each is fsynced as it grows and has a second copy under
 ``checkpoints/journal/``; a checkpoint records each log's length and the hash of that
 prefix, so resume cuts whatever was appended after it and rebuilds a damaged or deleted
-log from its copy. Nothing is rewritten as a run grows. This module imports neither torch
+log from its copy. Nothing is rewritten as a run grows. ``times.jsonl`` is the
+exception, on purpose: the wall time of every session and round, appended as each
+round ends and never cut, so time spent on rounds a kill threw away still counts
+(decision 0014). This module imports neither torch
 nor the engine, so ``fedkit report`` and analysis scripts start fast; the rows' meaning
 is in ``docs/runs.md``.
 """
@@ -29,6 +32,7 @@ CLIENTS = "clients.jsonl"
 LEDGER = "ledger.jsonl"
 FAILURES = "failures.jsonl"
 LOGS = (METRICS, CLIENTS, LEDGER, FAILURES)
+TIMES = "times.jsonl"
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -42,6 +46,39 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def read_metrics(out: str | Path) -> list[dict[str, Any]]:
     """The run's metrics rows (per-client values are in ``read_clients``)."""
     return read_jsonl(Path(out) / METRICS)
+
+
+def read_times(out: str | Path) -> list[dict[str, Any]]:
+    """Every session's set-up and round times (a line a kill cut short is skipped)."""
+    path = Path(out) / TIMES
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def total_seconds(times: list[dict[str, Any]]) -> float:
+    """A run's wall time across all its sessions: set-up (data, models, server
+    pre-training) and every round run, including rounds a kill threw away."""
+    return sum(float(r.get("setup", 0.0)) + float(r.get("seconds", 0.0)) for r in times)
+
+
+def append_time(out: Path, row: dict[str, Any]) -> None:
+    """Append one line to ``times.jsonl`` (one write: a kill leaves a whole line or a
+    partial last one, which ``read_times`` skips)."""
+    line = json.dumps(row, sort_keys=True) + "\n"
+    with (out / TIMES).open("a") as handle:
+        handle.write(line)
+        handle.flush()
 
 
 def read_clients(out: str | Path) -> list[dict[str, Any]]:
