@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 import fedkit
 import fedkit.cli.app
 from fedkit.cli.app import app
+from fedkit.config import shipped
+from fedkit.config.schema import load_recipe
 from fedkit.plugin.registry import describe, discover, hook_names, hook_side
 
 runner = CliRunner()
@@ -45,6 +47,42 @@ def test_recipes_lists_quickstart_with_description():
     result = runner.invoke(app, ["recipes"], terminal_width=200)
     assert result.exit_code == 0
     assert "quickstart" in result.output and "digits" in result.output
+
+
+def test_recipes_are_one_line_each_with_their_scale_and_filter():
+    every = runner.invoke(app, ["recipes"])
+    lines = every.output.splitlines()
+    assert every.exit_code == 0 and len(lines) == len(shipped.shipped())
+    assert any(line.split()[:2] == ["quickstart", "CPU"] for line in lines)
+    assert any(line.split()[:2] == ["fedu-cifar10-iid", "GPU"] for line in lines)
+    picked = runner.invoke(app, ["recipes", "ifca"]).output.splitlines()
+    assert picked and all("ifca" in line.lower() for line in picked)
+    assert runner.invoke(app, ["recipes", "no-such-thing"]).exit_code == 1
+
+
+def test_a_finished_run_resumed_says_it_is_complete(tmp_path, write_recipe):
+    raw = tiny_recipe(federation={"rounds": 1}, description="Prüfung: ünïcode")
+    out = tmp_path / "run"
+    first = runner.invoke(app, ["run", str(write_recipe(raw)), "--out", str(out), "-q"])
+    assert first.exit_code == 0 and first.output.strip() == str(out)
+    text = (out / "recipe.yaml").read_text(encoding="utf-8")
+    assert "Prüfung: ünïcode" in text  # not escaped
+    again = runner.invoke(app, ["run", "--resume", str(out)])
+    assert again.exit_code == 0 and "is complete: all 1 rounds are done" in again.output
+    assert "resuming" not in again.output
+
+
+def test_overrides_are_noted_in_the_kept_description(write_recipe):
+    path = write_recipe(tiny_recipe(description="tiny FedAvg"))
+    recipe = load_recipe(path, ["federation.rounds=3", "seed=2"])
+    assert recipe.description == "tiny FedAvg [--set federation.rounds=3; seed=2]"
+    assert load_recipe(path).description == "tiny FedAvg"
+
+
+def test_new_plugin_says_to_install_with_this_environments_python(tmp_path):
+    result = runner.invoke(app, ["new-plugin", "myprox", "--dir", str(tmp_path)])
+    assert result.exit_code == 0
+    assert f"{sys.executable} -m pip install -e" in result.output.replace("\n", "")
 
 
 def test_validate_shipped_recipe_by_name():

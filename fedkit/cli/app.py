@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -140,7 +141,9 @@ def run(
             help="Write report.html at the end (FEDKIT_REPORT=0 makes --no-report the default).",
         ),
     ] = True,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only problems.")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print only problems and the run directory.")
+    ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the summary as JSON on stdout (implies -q).")
     ] = False,
@@ -165,6 +168,8 @@ def run(
                     "or evaluation.* (no recipe, no --out, no --executor)"
                 )
             out = resume
+            if complete(resume, set_ or [], quiet):
+                return
         else:
             out = out or runs.default_out(path.stem)
         fresh = not out.exists()
@@ -201,6 +206,33 @@ def run(
             console.print(summary_table(summary, str(out)))
             if page is not None:
                 console.print(f"report: {page}")
+        else:
+            console.print(str(out), highlight=False, soft_wrap=True)
+
+
+def complete(out: Path, overrides: list[str], quiet: bool) -> bool:
+    """Whether ``--resume`` names a run that already did every round it is asked for
+    (then it says so, and nothing is rebuilt, no Ray started)."""
+    from fedkit.rundir import checkpoint
+
+    try:
+        rounds = yaml.safe_load((out / RECIPE).read_text())["federation"]["rounds"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, UnicodeDecodeError):
+        return False  # resume explains what is wrong
+    if overrides:
+        return False  # extending, or changes resume checks and reports
+    if checkpoint.latest_round(out) != rounds or not (out / "summary.json").is_file():
+        return False
+    if quiet:
+        console.print(str(out), highlight=False, soft_wrap=True)
+    else:
+        console.print(
+            f"{out} is complete: all {rounds} rounds are done (extend it with --resume "
+            f"{out} --set federation.rounds=N)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return True
 
 
 def write_report_if_possible(out: Path) -> str | None:
@@ -462,18 +494,37 @@ def new_plugin(
 
     with friendly_errors():
         root = create(name, directory)
-    console.print(f"created {root}: pip install -e {root} && pytest {root}")
+    python = sys.executable  # this environment's, where fedkit is installed
+    console.print(
+        f"created {root}: {python} -m pip install -e {root} && {python} -m pytest {root}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command("recipes")
-def list_recipes() -> None:
-    """List shipped recipes with their one-line descriptions."""
-    table = Table(title="shipped recipes")
-    table.add_column("recipe")
-    table.add_column("description")
-    for name, path in shipped.shipped().items():
-        table.add_row(name, shipped.describe(path))
-    console.print(table)
+def list_recipes(
+    filter_: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[FILTER]", help="Show recipes whose name, scale or description has it."
+        ),
+    ] = None,
+) -> None:
+    """List shipped recipes, one line each: name, scale (CPU or GPU), description."""
+    found = {name: shipped.describe(path) for name, path in shipped.shipped().items()}
+    rows = [(name, shipped.scale(text), text) for name, text in found.items()]
+    if filter_:
+        needle = filter_.lower()
+        rows = [row for row in rows if any(needle in part.lower() for part in row)]
+    if not rows:
+        errors.print(f"no shipped recipe matches {filter_!r} (fedkit recipes lists them all)")
+        raise typer.Exit(1)
+    width = max(len(name) for name, _, _ in rows)
+    for name, size, text in rows:
+        console.print(
+            f"{name:<{width}}  {size}  {text}", overflow="ellipsis", no_wrap=True, highlight=False
+        )
 
 
 def main() -> None:

@@ -328,12 +328,19 @@ def validate(raw: dict[str, Any], file: str | None = None) -> Recipe:
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Load, override and validate a recipe file (schema only; see ``fedkit.core.preflight``)."""
+    """Load, override and validate a recipe file (schema only; see ``fedkit.core.preflight``).
+    The overrides are noted at the end of its ``description``, which then still says what
+    the run is (the run directory's ``recipe.yaml`` keeps it)."""
     raw = load_raw(path)
     apply_overrides(raw, overrides or [], file=str(path))
-    return validate(raw, file=str(path))
+    recipe = validate(raw, file=str(path))
+    noted = [o.strip() for o in overrides or [] if o.partition("=")[0].strip() != "description"]
+    if noted and recipe.description:
+        text = f"{recipe.description} [--set {'; '.join(noted)}]"
+        recipe = recipe.model_copy(update={"description": text})
+    return recipe
 
 
 def dump_recipe(recipe: Recipe) -> str:
     """The resolved recipe as YAML (what the run directory keeps)."""
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)

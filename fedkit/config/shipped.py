@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from importlib.resources import files
 from pathlib import Path
 
@@ -40,6 +41,12 @@ def describe(path: Path) -> str:
         if isinstance(raw, dict) and raw.get("description")
         else ""
     )
+
+
+def scale(description: str) -> str:
+    """``GPU`` for a recipe meant for a GPU (its description says so: the papers'
+    settings), ``CPU`` for one that runs on a laptop's cores."""
+    return "GPU" if re.search(r"\bGPU\b", description) else "CPU"
 
 
 def resolve(name: str) -> Path:
