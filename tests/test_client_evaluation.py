@@ -23,7 +23,7 @@ from fedkit.core.engine import run_round
 from fedkit.evaluation.scoring import score_encoder, supervised_scores
 from fedkit.training import supervised_loss
 
-SUPERVISED = [name for name in COMBOS if name not in ("tensorboard",)]
+SUPERVISED = [name for name in COMBOS if name not in ("tensorboard", "mlflow")]
 
 
 def personal_state(run, cid: int) -> dict[str, torch.Tensor]:

@@ -55,6 +55,7 @@ COMBOS = {
     "dp": supervised({"dp": {"clip": 1.0, "noise_multiplier": 0.5}}),
     "fedopt": supervised({"fedopt": {"optimizer": "adam"}}),
     "tensorboard": supervised({"tensorboard": {"logdir": "TMP"}}),
+    "mlflow": supervised({"mlflow": {"tracking_uri": "TMP"}}),
     "fedbyol+dapu": ssl_recipe("fedbyol", ("dapu", {"mu": 0.05})),
     "fedu+dapu": ssl_recipe(("fedu", {"upload": "target"}), ("dapu", {"mu": 0.05})),
     "fedsimsiam": ssl_recipe("fedsimsiam"),
@@ -81,12 +82,14 @@ def with_logdir(raw: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     def place(spec: Any) -> Any:
         if not isinstance(spec, dict):
             return spec
-        return {
-            name: {**options, "logdir": str(tmp_path / "tb")}
-            if options.get("logdir") == "TMP"
-            else options
-            for name, options in spec.items()
-        }
+        placed = {}
+        for name, options in spec.items():
+            if options.get("logdir") == "TMP":
+                options = {**options, "logdir": str(tmp_path / "tb")}
+            if options.get("tracking_uri") == "TMP":
+                options = {**options, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+            placed[name] = options
+        return placed
 
     return {**raw, "plugins": [place(spec) for spec in raw["plugins"]]}
 

@@ -19,6 +19,8 @@ from typer.testing import CliRunner
 
 from fedkit.cli.app import app
 from fedkit.cli.report import RunData, client_values_plot, pyplot
+from fedkit.config.schema import validate
+from fedkit.core import runs
 from fedkit.rundir import logs
 from fedkit.testing import run_recipe, tiny_recipe
 
@@ -184,3 +186,32 @@ def test_tensorboard_observer_logs_each_rows_numbers(tmp_path: Path) -> None:
         ]
         assert [s for s, _ in logged] == [s for s, _ in wanted]
         assert [v for _, v in logged] == pytest.approx([v for _, v in wanted], rel=1e-6)
+
+
+def test_mlflow_observer_logs_each_rows_numbers_and_resumes_into_the_same_run(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    observer = {"mlflow": {"tracking_uri": uri, "experiment": "tiny", "run_name": "r"}}
+    raw = tiny_recipe(plugins=["fedavg", observer], federation={"rounds": 3})
+    out = tmp_path / "run"
+    the_run = runs.start(validate({**raw, "federation": {**raw["federation"], "rounds": 2}}), out)
+    runs.execute(the_run, out)
+    resumed, done = runs.resume(out, ["federation.rounds=3"])
+    runs.execute(resumed, out, done)
+    rows = logs.read_metrics(out)
+    client = MlflowClient(tracking_uri=uri)
+    found = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert len(found) == 1  # the resumed run logged into the same MLflow run
+    run_id = found[0].info.run_id
+    assert found[0].data.params["federation.optimizer.lr"] == "0.003"
+    for tag, value in (
+        ("test_accuracy", lambda r: r["test_accuracy"]),
+        ("train_loss", lambda r: r["train_loss"]),
+        ("bytes/up_model", lambda r: r["bytes"]["up_model"]),
+    ):
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, tag))
+        assert history == [(r["round"], pytest.approx(value(r), rel=1e-12)) for r in rows]
