@@ -8,6 +8,7 @@ import base64
 import json
 import re
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from test_ssl_plugins import ssl_recipe
 from typer.testing import CliRunner
 
 from fedkit.cli.app import app
+from fedkit.cli.compare import sign_flip_p
 from fedkit.cli.report import RunData, client_values_plot, pyplot
 from fedkit.config.schema import validate
 from fedkit.core import runs
@@ -215,3 +217,24 @@ def test_mlflow_observer_logs_each_rows_numbers_and_resumes_into_the_same_run(
     ):
         history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, tag))
         assert history == [(r["round"], pytest.approx(value(r), rel=1e-12)) for r in rows]
+
+
+def test_compare_groups_seeds_and_names_the_recipe_differences(
+    fedavg_runs: list[Path], tmp_path: Path
+) -> None:
+    args = ["compare", *map(str, fedavg_runs), "--out", str(tmp_path / "c"), "--markdown"]
+    result = runner.invoke(app, [*args, "--group-by", "federation.rounds"])
+    assert result.exit_code == 0, result.output
+    assert "seed=0" in result.output and "seed=1" in result.output  # the one key that differs
+    finals = [logs.read_metrics(r)[-1]["test_accuracy"] for r in fedavg_runs]
+    mean, std = statistics.fmean(finals), statistics.stdev(finals)
+    grouped_row = next(line for line in result.output.splitlines() if line.startswith("| 2 | 2 |"))
+    assert f"{mean:.4f} ± {std:.4f}" in grouped_row
+    missing = runner.invoke(app, [*args, "--group-by", "no.such.key"])
+    assert missing.exit_code == 2 and "no run's recipe has this key" in missing.output
+
+
+def test_the_sign_flip_test_is_exact():
+    assert sign_flip_p([0.01, 0.02]) == 0.5  # (+,+) and (-,-) are as extreme: 2 of 4
+    assert sign_flip_p([0.01] * 6) == 2 / 64
+    assert sign_flip_p([0.01, -0.01]) == 1.0

@@ -471,16 +471,24 @@ def compare(
     as_markdown: Annotated[
         bool, typer.Option("--markdown", help="Print the table as Markdown (for a README).")
     ] = False,
+    group_by: Annotated[
+        str | None,
+        typer.Option(help="A recipe key: one row per value, mean ± std over its runs (seeds)."),
+    ] = None,
 ) -> None:
-    """Compare runs: final and best metrics, bytes, wall time, curves; also as HTML."""
+    """Compare runs: final and best metrics, bytes, wall time, the recipe keys that
+    differ, curves; also as HTML. --group-by aggregates seeds and orders the groups."""
     from fedkit.cli.compare import compare_runs, markdown
 
     with friendly_errors():
-        table, page = compare_runs(run_dirs, out)
-    if as_markdown:
-        print(markdown(table))
-    else:
-        console.print(table)
+        tables, ordered, page = compare_runs(run_dirs, out, group_by)
+    for table in tables:
+        if as_markdown:
+            print(markdown(table) + "\n")
+        else:
+            console.print(table)
+    for line in ordered:
+        (errors if as_markdown else console).print(line, highlight=False, soft_wrap=True)
     (errors if as_markdown else console).print(f"page: {page}")  # stdout stays Markdown
 
 

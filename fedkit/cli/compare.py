@@ -1,14 +1,24 @@
 """``fedkit compare RUN_DIR...``: several runs side by side — a table of final and best
-metrics, bytes and wall time, and the curves of every metric they share, as a rich table
-and as one self-contained HTML page (``OUT/compare.html``, plots in ``OUT/``)."""
+metrics, bytes, wall time and the recipe keys that differ between them, and the curves of
+every metric they share, as a rich table and as one self-contained HTML page
+(``OUT/compare.html``, plots in ``OUT/``; each run keeps one colour in every plot).
+
+``--group-by KEY`` (a recipe key: ``federation.optimizer.lr``) adds a table with one row
+per value: every metric's final and best value as mean ± std over the group's runs (its
+seeds), and, for the first accuracy metric, each group against the next best one, paired
+by seed: the mean difference and the exact two-sided p-value of a sign-flip permutation
+test (every sign pattern of the paired differences; no distribution assumed)."""
 
 from __future__ import annotations
 
 import html
 import io
+import itertools
+import statistics
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.table import Table
 
 from fedkit.cli.report import ACCURACY, RunData, figure, page, pyplot
@@ -42,6 +52,95 @@ def summarise(data: RunData) -> dict[str, Any]:
     return line
 
 
+def flat_recipe(text: str) -> dict[str, Any]:
+    """A run's recipe as ``a.b.c → value`` (empty when it cannot be read)."""
+    try:
+        raw = yaml.safe_load(text) if text else {}
+    except yaml.YAMLError:
+        return {}
+    out: dict[str, Any] = {}
+
+    def walk(value: Any, prefix: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{prefix}{key}.")
+        else:
+            out[prefix[:-1]] = value
+
+    walk(raw if isinstance(raw, dict) else {}, "")
+    return out
+
+
+def differences(recipes: list[dict[str, Any]]) -> list[str]:
+    """The recipe keys whose values are not the same in every run (not the description)."""
+    keys = dict.fromkeys(k for r in recipes for k in r if k != "description")
+    return [k for k in keys if len({repr(r.get(k)) for r in recipes}) > 1]
+
+
+def sign_flip_p(differences: list[float]) -> float:
+    """Exact two-sided p-value of the paired differences' mean under random signs."""
+    observed = abs(statistics.fmean(differences))
+    patterns = list(itertools.product((1, -1), repeat=len(differences)))
+    extreme = sum(
+        abs(statistics.fmean(s * d for s, d in zip(signs, differences, strict=True)))
+        >= observed - 1e-12
+        for signs in patterns
+    )
+    return extreme / len(patterns)
+
+
+def grouped(runs: list[RunData], key: str) -> tuple[Table, list[str]]:
+    """One row per value of ``key``: metrics as mean ± std (n), and the paired orderings."""
+    recipes = [flat_recipe(r.recipe) for r in runs]
+    if not any(key in r for r in recipes):
+        raise FedkitError(f"--group-by {key}: no run's recipe has this key")
+    groups: dict[str, list[tuple[RunData, dict[str, Any]]]] = {}
+    for data, recipe in zip(runs, recipes, strict=True):
+        groups.setdefault(str(recipe.get(key, "–")), []).append((data, recipe))
+    metrics = [k for k in CURVES if any(data.series(k)[1] for data in runs)]
+    table = Table(title=f"grouped by {key} (mean ± std over the group's runs)")
+    for column in (key, "n", *(f"{m} final" for m in metrics), *(f"{m} best" for m in metrics)):
+        table.add_column(column, overflow="fold")
+    finals: dict[str, dict[Any, float]] = {}
+    for value, members in groups.items():
+        cells = [value, str(len(members))]
+        for kind in ("final", "best"):
+            for metric in metrics:
+                found = [summarise(d).get(metric) for d, _ in members]
+                values = [f[kind] for f in found if f is not None]
+                if not values:
+                    cells.append("–")
+                    continue
+                std = statistics.stdev(values) if len(values) > 1 else 0.0
+                cells.append(f"{statistics.fmean(values):.4f} ± {std:.4f}")
+        table.add_row(*cells)
+        if metrics:
+            finals[value] = {
+                r.get("seed"): summarise(d)[metrics[0]]["final"]
+                for d, r in members
+                if metrics[0] in summarise(d)
+            }
+    return table, orderings(finals, metrics[0] if metrics else "")
+
+
+def orderings(finals: dict[str, dict[Any, float]], metric: str) -> list[str]:
+    """Each group against the next in the order of their mean, paired by seed."""
+    ranked = sorted(finals, key=lambda g: -statistics.fmean(finals[g].values()))
+    lines = []
+    for better, worse in itertools.pairwise(ranked):
+        seeds = sorted(set(finals[better]) & set(finals[worse]), key=str)
+        if not seeds:
+            lines.append(f"{better} vs {worse}: no seed in common, not paired")
+            continue
+        diffs = [finals[better][s] - finals[worse][s] for s in seeds]
+        p = sign_flip_p(diffs)
+        lines.append(
+            f"{metric}: {better} > {worse} by {statistics.fmean(diffs):+.4f} "
+            f"(paired over {len(seeds)} seeds, sign-flip p = {p:.3f})"
+        )
+    return lines
+
+
 def markdown(table: Table) -> str:
     """A rich table as a Markdown table (for benchmark pages)."""
     header = [str(c.header) for c in table.columns]
@@ -51,18 +150,24 @@ def markdown(table: Table) -> str:
     return "\n".join(lines)
 
 
-def compare_runs(run_dirs: list[Path], out: Path) -> tuple[Table, Path]:
-    """Compare runs; returns the table and the HTML page's path."""
+def compare_runs(
+    run_dirs: list[Path], out: Path, group_by: str | None = None
+) -> tuple[list[Table], list[str], Path]:
+    """Compare runs; returns the tables (with ``group_by``, a second one), the paired
+    orderings and the HTML page's path."""
     if len(run_dirs) < 2:
         raise FedkitError("give at least two run directories to compare")
     runs = [RunData(path) for path in run_dirs]
     lines = [summarise(r) for r in runs]
+    recipes = [flat_recipe(r.recipe) for r in runs]
+    differ = differences(recipes)
     keys = [k for k in CURVES if any(k in line for line in lines)]
     table = Table(title="fedkit compare")
-    for column in ("run", "rounds", *(f"{k} final / best (round)" for k in keys), "MB", "s"):
+    columns = ("run", "rounds", *(f"{k} final / best (round)" for k in keys), "MB", "s")
+    for column in (*columns, "recipe differences"):
         table.add_column(column, overflow="fold")
     rows = []
-    for line in lines:
+    for line, recipe in zip(lines, recipes, strict=True):
         cells = [line["run"], str(line["rounds"])]
         for key in keys:
             c = line.get(key)
@@ -70,16 +175,20 @@ def compare_runs(run_dirs: list[Path], out: Path) -> tuple[Table, Path]:
                 "–" if c is None else f"{c['final']:.4f} / {c['best']:.4f} ({c['best_round']})"
             )
         cells += [f"{line['MB']:.1f}", "–" if line["seconds"] is None else f"{line['seconds']:.0f}"]
+        cells.append("; ".join(f"{k}={recipe.get(k, '–')}" for k in differ) or "–")
         table.add_row(*cells)
         rows.append(cells)
     plt = pyplot()
     images = {}
     for key in keys:
         fig, ax = plt.subplots(figsize=(7, 3.4))
-        for data in runs:
+        for index, data in enumerate(runs):  # a run's colour is its place in the list
             rounds, values = data.series(key)
             if values:
-                ax.plot(rounds, values, marker="o", markersize=3, label=data.out.name)
+                ax.plot(
+                    rounds, values, marker="o", markersize=3, label=data.out.name,
+                    color=f"C{index % 10}",
+                )  # fmt: skip
         ax.set(xlabel="round", ylabel=key, title=key)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
@@ -93,13 +202,30 @@ def compare_runs(run_dirs: list[Path], out: Path) -> tuple[Table, Path]:
         "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>"
         for cells in rows
     )
+    tables, ordered = [table], []
+    extra = ""
+    if group_by is not None:
+        by_group, ordered = grouped(runs, group_by)
+        tables.append(by_group)
+        extra = html_table(by_group) + "".join(f"<p>{html.escape(x)}</p>" for x in ordered)
     figures = "".join(figure(k, p) for k, p in images.items())
     target = out / "compare.html"
     write_text(
         target,
         page(
             "fedkit compare",
-            f"<h1>fedkit compare</h1><table><tr>{header}</tr>{body}</table>{figures}",
+            f"<h1>fedkit compare</h1><table><tr>{header}</tr>{body}</table>{extra}{figures}",
         ),
     )
-    return table, target
+    return tables, ordered, target
+
+
+def html_table(table: Table) -> str:
+    """A rich table as an HTML table."""
+    header = "".join(f"<th>{html.escape(str(c.header))}</th>" for c in table.columns)
+    rows = zip(*(c._cells for c in table.columns), strict=True)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>"
+        for row in rows
+    )
+    return f"<h2>{html.escape(str(table.title))}</h2><table><tr>{header}</tr>{body}</table>"
