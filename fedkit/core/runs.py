@@ -304,6 +304,17 @@ class RunResult:
         """The cluster states after the last round."""
         return self.run.server.pool
 
+    def dataframe(self) -> Any:
+        """The metrics rows as a pandas DataFrame, one row per round, nested values as
+        ``bytes.up_model`` columns (per-client values left out: ``clients.jsonl``).
+        Needs pandas (``pip install pandas``)."""
+        try:
+            import pandas
+        except ImportError:
+            raise FedkitError("RunResult.dataframe needs pandas: pip install pandas") from None
+        rows = [{k: v for k, v in r.items() if k != "per_client"} for r in self.rows]
+        return pandas.json_normalize(rows).set_index("round")
+
 
 def run(
     recipe: Recipe | Mapping[str, Any] | str | Path,
