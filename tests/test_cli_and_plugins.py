@@ -3,6 +3,7 @@ registry-wide checks every installed plugin must pass."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from fedkit.cli.app import app
 from fedkit.config import shipped
 from fedkit.config.schema import load_recipe
 from fedkit.plugin.registry import describe, discover, hook_names, hook_side
+from fedkit.rundir import logs
 
 runner = CliRunner()
 
@@ -174,3 +176,19 @@ def test_a_misspelt_set_key_is_answered_without_loading_torch(command, tmp_path)
     assert 'did you mean "rounds"' in proc.stderr and "Traceback" not in proc.stderr
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
     assert "fedkit.cli.app" in imported and not any(m.startswith("torch") for m in imported)
+
+
+def test_log_format_jsonl_prints_one_json_object_per_line(tmp_path, write_recipe):
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app, ["run", str(write_recipe(tiny_recipe())), "--out", str(out), "--log-format", "jsonl"]
+    )
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in result.output.splitlines()]
+    assert [e["event"] for e in events] == ["start", "round", "round", "end"]
+    rows = logs.read_metrics(out)
+    for event, row in zip(events[1:3], rows, strict=True):
+        assert event["round"] == row["round"] and event["test_accuracy"] == row["test_accuracy"]
+    assert events[-1]["run_dir"] == str(out) and events[-1]["final"] == rows[-1]
+    bad = runner.invoke(app, ["run", "quickstart", "--log-format", "xml"])
+    assert bad.exit_code == 2 and "rich or jsonl" in bad.output

@@ -147,9 +147,22 @@ def run(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the summary as JSON on stdout (implies -q).")
     ] = False,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            help="rich (progress, a line per round) or jsonl (a JSON object per line: "
+            "start, each round, end)."
+        ),
+    ] = "rich",
 ) -> None:
     """Run a recipe (or resume a run) and write its run directory."""
-    quiet = quiet or as_json
+    if log_format not in ("rich", "jsonl"):
+        errors.print(
+            f"[bold red]error:[/] --log-format: expected rich or jsonl, found {log_format!r}"
+        )
+        raise typer.Exit(2)
+    jsonl = log_format == "jsonl"
+    quiet = quiet or as_json or jsonl
     engine = engine_settings(executor, workers)
     with friendly_errors():
         if resume is None:
@@ -157,7 +170,7 @@ def run(
                 raise FedkitError("give a recipe (file or shipped name) or --resume DIR")
             path = shipped.resolve(recipe)
             parsed, plugins = load_checked(path, [*(set_ or []), *engine])
-        from fedkit.cli.progress import RichReporter, summary_table
+        from fedkit.cli.progress import JsonlReporter, RichReporter, summary_table
         from fedkit.core import runs
         from fedkit.data.summary import partition_table, render_partition
 
@@ -194,13 +207,19 @@ def run(
                         )
             warn_about(the_run)
             rounds = the_run.recipe.federation.rounds
-            if quiet:
+            if jsonl:
+                lines = JsonlReporter()
+                lines.emit("start", run_dir=str(out), rounds=rounds, after=done)
+                summary = runs.execute(the_run, out, done, lines)
+            elif quiet:
                 summary = runs.execute(the_run, out, done)
             else:
                 with RichReporter(console, rounds, done) as reporter:
                     summary = runs.execute(the_run, out, done, reporter)
             page = write_report_if_possible(out) if report else None
-        if as_json:
+        if jsonl:
+            JsonlReporter().emit("end", **summary, run_dir=str(out), report=page)
+        elif as_json:
             print(json.dumps({**summary, "run_dir": str(out), "report": page}, sort_keys=True))
         elif not quiet:
             console.print(summary_table(summary, str(out)))

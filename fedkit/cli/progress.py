@@ -1,8 +1,11 @@
-"""What a person sees during a run: rich progress bars, a line per round, a summary."""
+"""What a person sees during a run: rich progress bars, a line per round, a summary; or,
+for log collectors, one JSON object per line."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import sys
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -82,6 +85,26 @@ class RichReporter:
     def round_done(self, round: int, metrics: dict[str, Any]) -> None:
         self.progress.advance(self.round_task)
         self.progress.console.print(round_line(metrics, self.rounds))
+
+
+class JsonlReporter:
+    """``--log-format jsonl``: one JSON object per line on stdout, for log collectors
+    and schedulers: ``{"event": "round", ...the metrics row}`` as each round ends
+    (per-client values stay in ``clients.jsonl``); the CLI adds ``start`` and ``end``."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream
+
+    def emit(self, event: str, **values: Any) -> None:
+        stream = self.stream or sys.stdout
+        stream.write(json.dumps({"event": event, **values}, sort_keys=True, default=str) + "\n")
+        stream.flush()
+
+    def round_started(self, round: int, clients: list[int]) -> None: ...
+    def client_done(self, round: int, client: int) -> None: ...
+
+    def round_done(self, round: int, metrics: dict[str, Any]) -> None:
+        self.emit("round", **{k: v for k, v in metrics.items() if k != "per_client"})
 
 
 def summary_table(summary: dict[str, Any], out: str) -> Table:
