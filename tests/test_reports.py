@@ -20,7 +20,15 @@ from typer.testing import CliRunner
 
 from fedkit.cli.app import app
 from fedkit.cli.compare import sign_flip_p
-from fedkit.cli.report import RunData, client_values_plot, pyplot
+from fedkit.cli.report import (
+    RunData,
+    client_values_plot,
+    clusters_plot,
+    confusion,
+    pyplot,
+    roster_order,
+    write_report,
+)
 from fedkit.config.schema import validate
 from fedkit.core import runs
 from fedkit.rundir import logs
@@ -238,3 +246,34 @@ def test_the_sign_flip_test_is_exact():
     assert sign_flip_p([0.01, 0.02]) == 0.5  # (+,+) and (-,-) are as extreme: 2 of 4
     assert sign_flip_p([0.01] * 6) == 2 / 64
     assert sign_flip_p([0.01, -0.01]) == 1.0
+
+
+def synthetic_run(root: Path) -> Path:
+    """A run directory by hand: 4 clients in groups a, a, b, b; client 1 never sampled."""
+    root.mkdir()
+    rows = [{"round": r, "ari": 1.0} for r in (1, 2, 3)]
+    clusters = [{"0": 0, "2": 1}, {"3": 1}, {"0": 0, "2": 1, "3": 0}]
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "clients.jsonl").write_text(
+        "".join(
+            json.dumps({"round": r, "clusters": c}) + "\n"
+            for r, c in zip((1, 2, 3), clusters, strict=True)
+        )
+    )
+    partition = [{"client": c, "group": g} for c, g in zip((3, 1, 0, 2), "baab", strict=True)]
+    (root / "partition.json").write_text(json.dumps(partition))
+    return root
+
+
+def test_the_cluster_map_lists_every_client_by_id_and_group_and_the_confusion_counts(tmp_path):
+    data = RunData(synthetic_run(tmp_path / "run"))
+    assert roster_order(data) == ([0, 1, 2, 3], ["a", "a", "b", "b"])
+    assert confusion(data) == (["a", "b"], [0, 1], [[1, 0], [1, 1]])  # client 1: not counted
+    plt = pyplot()
+    fig = clusters_plot(plt, data)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    plt.close(fig)
+    assert labels == ["0", "1", "2", "3"]
+    page = write_report(data.out)
+    assert (data.out / "report" / "cluster_confusion.png").read_bytes().startswith(PNG)
+    assert page.is_file()

@@ -137,7 +137,7 @@ def bytes_plot(plt: Any, data: RunData) -> Any:
             ax.bar(rounds, values, bottom=bottom, label=field)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set(xlabel="round", ylabel="MB", title="Bytes per round by ledger category")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars
     return fig
 
 
@@ -153,11 +153,29 @@ def client_accuracy_plot(plt: Any, data: RunData) -> Any:
     return fig
 
 
+def roster_order(data: RunData) -> tuple[list[int], list[Any]]:
+    """Every client of the run (sampled or not), grouped by true group when the
+    partition knows one, and each client's group."""
+    known = {int(r["client"]): r.get("group") for r in data.partition if "client" in r}
+    sampled = {int(k) for c in data.clients for k in c.get("clusters", {})}
+    groups = {**dict.fromkeys(sampled), **known}
+    order = sorted(groups, key=lambda c: (str(groups[c]) if groups[c] is not None else "", c))
+    return order, [groups[c] for c in order]
+
+
+def latest_clusters(data: RunData) -> dict[int, int]:
+    """Each client's last reported cluster."""
+    last: dict[int, int] = {}
+    for row in data.clients:
+        last.update({int(k): int(v) for k, v in row.get("clusters", {}).items()})
+    return last
+
+
 def clusters_plot(plt: Any, data: RunData) -> Any:
     chosen = {k for c in data.clients for k in c.get("clusters", {}).values()}
     if len(chosen) < 2:  # one model for everyone: nothing to show
         return None
-    clients = sorted({int(k) for c in data.clients for k in c.get("clusters", {})})
+    clients, groups = roster_order(data)
     index = {c: i for i, c in enumerate(clients)}
     grid, last = [], [math.nan] * len(clients)
     for row in data.clients:
@@ -178,9 +196,15 @@ def clusters_plot(plt: Any, data: RunData) -> Any:
         vmin=-0.5,
         vmax=count - 0.5,
     )
+    step = max(1, len(clients) // 30)  # at most about 30 labels
+    top.set_yticks(range(0, len(clients), step), [str(c) for c in clients[::step]], fontsize=7)
+    for i in range(1, len(clients)):  # a line where the true group changes
+        if groups[i] != groups[i - 1]:
+            top.axhline(i - 0.5, color="black", linewidth=1)
+    rows = "rows grouped by true group" if any(g is not None for g in groups) else "rows by id"
     top.set(
-        ylabel="client",
-        title="Cluster identity of every client (latest choice; blank: not yet sampled)",
+        ylabel="client id",
+        title=f"Cluster identity of every client ({rows}; blank: not sampled yet)",
     )
     fig.colorbar(image, ax=top, label="cluster", ticks=range(count))
     if data.keys(lambda k: k == "ari"):
@@ -190,6 +214,44 @@ def clusters_plot(plt: Any, data: RunData) -> Any:
     bottom.set(xlabel="round", ylabel="ARI", ylim=(-0.1, 1.05))
     if bottom.get_legend_handles_labels()[0]:
         bottom.legend(fontsize=8)
+    return fig
+
+
+def confusion(data: RunData) -> tuple[list[Any], list[int], list[list[int]]] | None:
+    """Found cluster (each client's last choice) against true group: the groups, the
+    clusters and the counts (rows: groups), or ``None`` without both."""
+    clients, groups = roster_order(data)
+    found = latest_clusters(data)
+    pairs = [
+        (g, found[c]) for c, g in zip(clients, groups, strict=True) if g is not None and c in found
+    ]
+    if not pairs or len({k for _, k in pairs}) < 2:
+        return None
+    names = sorted({g for g, _ in pairs}, key=str)
+    clusters = sorted({k for _, k in pairs})
+    counts = [
+        [sum(1 for g, k in pairs if g == name and k == c) for c in clusters] for name in names
+    ]
+    return names, clusters, counts
+
+
+def confusion_plot(plt: Any, data: RunData) -> Any:
+    table = confusion(data)
+    if table is None:
+        return None
+    names, clusters, counts = table
+    fig, ax = plt.subplots(figsize=(1.2 + 0.7 * len(clusters), 1.2 + 0.5 * len(names)))
+    ax.imshow(counts, cmap="Blues", aspect="auto")
+    peak = max(max(row) for row in counts) or 1
+    for i, row in enumerate(counts):
+        for j, n in enumerate(row):
+            ax.text(
+                j, i, str(n), ha="center", va="center", color="white" if n > peak / 2 else "black"
+            )
+    ax.set_xticks(range(len(clusters)), [str(c) for c in clusters])
+    ax.set_yticks(range(len(names)), [str(g) for g in names])
+    ax.set(xlabel="found cluster (last choice)", ylabel="true group",
+           title="Found clusters against true groups")  # fmt: skip
     return fig
 
 
@@ -242,6 +304,7 @@ PLOTS = {
     "bytes": bytes_plot,
     "client_accuracy": client_accuracy_plot,
     "clusters": clusters_plot,
+    "cluster_confusion": confusion_plot,
     "client_values": client_values_plot,
     "partition": partition_plot,
 }
@@ -332,6 +395,9 @@ def write_report(out: Path) -> Path:
         fig = plot(plt, data)
         if fig is None:
             continue
+        for ax in fig.axes:  # rounds are whole numbers
+            if ax.get_xlabel() == "round":
+                ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
         plt.close(fig)
