@@ -48,14 +48,14 @@ def test_a_client_past_its_deadline_is_abandoned(ray_cluster):
     raw = tiny_recipe(
         data={"num_clients": 4},
         federation={"rounds": 1, "clients_per_round": 4, "client_timeout": 5.0},
-        faults={"straggler": exactly_one(4), "delay": 60.0},
+        faults={"straggler": exactly_one(4), "delay": 300.0},
     )
     began = time.monotonic()
     rows, pool = run_all(raw, "ray")
     failures = rows[0].get("failures", {})
     assert len(failures) == 1 and all("client_timeout" in e for e in failures.values())
     assert len(rows[0]["per_client"]) + len(failures) == 4
-    assert time.monotonic() - began < 50  # nobody waited for the straggler
+    assert time.monotonic() - began < 150  # nobody waited for the 300 s straggler
     assert all(bool(torch.isfinite(v).all()) for v in pool[0].values() if v.is_floating_point())
 
 

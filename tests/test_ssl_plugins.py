@@ -311,9 +311,19 @@ def test_fedkit_eval_reproduces_the_runs_knn_and_scores_clients_and_transfer(tmp
     never = cli.invoke(app, ["eval", str(out), "--protocol", "knn", "--client", "99"])
     assert never.exit_code == 2 and "client 99 has not trained" in never.output
     semi = evaluate("--protocol", "semi", "--set", "evaluation.semi_epochs=1")
-    assert set(semi) == {"dataset", "protocol", "semi_accuracy_1", "semi_accuracy_10"}
+    assert set(semi) == {
+        "dataset", "protocol", "client", "round", "semi_accuracy_1", "semi_accuracy_10",
+    }  # fmt: skip
     transfer = evaluate("--protocol", "linear", "--dataset", "digits", "--set", "data.image_size=8")
     assert transfer["dataset"] == "digits" and 0 <= transfer["linear_accuracy"] <= 1
+    kept = [json.loads(line) for line in (out / "evaluations.jsonl").read_text().splitlines()]
+    assert [(e["protocol"], e["client"]) for e in kept] == [
+        ("knn", None), ("knn", 1), ("semi", None), ("linear", None),
+    ]  # fmt: skip
+    assert kept[-1]["linear_accuracy"] == transfer["linear_accuracy"] and kept[-1]["round"] == 2
+    assert cli.invoke(app, ["report", str(out)]).exit_code == 0
+    page = (out / "report.html").read_text()
+    assert "Offline evaluations" in page and "linear on digits (global, round 2)" in page
     assert cli.invoke(app, ["eval", str(out), "--protocol", "svm"]).exit_code == 2
     assert cli.invoke(app, ["eval", str(tmp_path / "nothing")]).exit_code == 2
     # a client that keeps its encoder (single_client: every key private) is scored as the

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -19,7 +20,7 @@ from fedkit.cli import deploy
 from fedkit.config import shipped
 from fedkit.errors import FedkitError, PluginError, RecipeError
 from fedkit.rundir.lock import LOCK, RunLock
-from fedkit.rundir.logs import RECIPE
+from fedkit.rundir.logs import RECIPE, append_evaluation
 
 if TYPE_CHECKING:
     from fedkit.config.schema import Recipe
@@ -407,7 +408,8 @@ def eval_(
     client: Annotated[int | None, typer.Option(help="A client's own encoder.")] = None,
     set_: SetOption = None,
 ) -> None:
-    """Evaluate a saved run's encoder (knn, linear or semi), also on another data set."""
+    """Evaluate a saved run's encoder (knn, linear or semi), also on another data set;
+    each result is also kept in RUN_DIR/evaluations.jsonl (report and compare show it)."""
     from fedkit.cli.offline_eval import evaluate_run
     from fedkit.core import runs
 
@@ -418,6 +420,8 @@ def eval_(
         metrics = evaluate_run(
             run_dir, protocol, dataset=dataset, root=root, overrides=set_ or [], client=client
         )
+        when = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        append_evaluation(run_dir, {**metrics, "overrides": set_ or [], "when": when})
     print(json.dumps(metrics))
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from rich.table import Table
 
-from fedkit.cli.report import ACCURACY, RunData, figure, page, pyplot
+from fedkit.cli.report import ACCURACY, RunData, evaluation_label, figure, page, pyplot
 from fedkit.errors import FedkitError
 from fedkit.rundir.atomic import write_bytes, write_text
 
@@ -141,6 +141,16 @@ def orderings(finals: dict[str, dict[Any, float]], metric: str) -> list[str]:
     return lines
 
 
+def latest_evaluations(data: RunData) -> str:
+    """The newest ``fedkit eval`` accuracy of each kind (protocol, data set, encoder)."""
+    latest: dict[str, float] = {}
+    for row in data.evaluations:
+        score = next((v for k, v in row.items() if k.endswith("accuracy")), None)
+        if isinstance(score, int | float):
+            latest[evaluation_label(row, with_round=False)] = score
+    return "; ".join(f"{k}: {v:.4f}" for k, v in latest.items()) or "–"
+
+
 def markdown(table: Table) -> str:
     """A rich table as a Markdown table (for benchmark pages)."""
     header = [str(c.header) for c in table.columns]
@@ -164,10 +174,11 @@ def compare_runs(
     keys = [k for k in CURVES if any(k in line for line in lines)]
     table = Table(title="fedkit compare")
     columns = ("run", "rounds", *(f"{k} final / best (round)" for k in keys), "MB", "s")
-    for column in (*columns, "recipe differences"):
+    evaluated = any(r.evaluations for r in runs)
+    for column in (*columns, "recipe differences", *(["fedkit eval"] if evaluated else [])):
         table.add_column(column, overflow="fold")
     rows = []
-    for line, recipe in zip(lines, recipes, strict=True):
+    for data, line, recipe in zip(runs, lines, recipes, strict=True):
         cells = [line["run"], str(line["rounds"])]
         for key in keys:
             c = line.get(key)
@@ -176,6 +187,8 @@ def compare_runs(
             )
         cells += [f"{line['MB']:.1f}", "–" if line["seconds"] is None else f"{line['seconds']:.0f}"]
         cells.append("; ".join(f"{k}={recipe.get(k, '–')}" for k in differ) or "–")
+        if evaluated:
+            cells.append(latest_evaluations(data))
         table.add_row(*cells)
         rows.append(cells)
     plt = pyplot()

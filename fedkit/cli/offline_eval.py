@@ -22,7 +22,7 @@ from fedkit.errors import FedkitError, RecipeError
 from fedkit.evaluation.scoring import capped, score_encoder
 from fedkit.models import create_backbone
 from fedkit.plugin.registry import registries
-from fedkit.rundir.checkpoint import personal_state, saved_part
+from fedkit.rundir.checkpoint import personal_state, read, saved_part
 
 PROTOCOLS = ("knn", "linear", "semi")
 
@@ -68,4 +68,11 @@ def evaluate_run(
     train, test = capped(train, cfg.max_eval, seed), capped(test, cfg.max_eval, seed)
     with torch.enable_grad():
         metrics = score_encoder(encoder, train, test, protocol, cfg, seed, device)
-    return {"dataset": recipe.data.dataset, "protocol": protocol, **metrics}
+    snapshot = read(run_dir)
+    return {
+        "dataset": recipe.data.dataset,
+        "protocol": protocol,
+        "client": client,
+        "round": snapshot.round if snapshot is not None else None,
+        **metrics,
+    }

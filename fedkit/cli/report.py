@@ -30,7 +30,15 @@ from typing import Any
 from fedkit.core.ledger import FIELDS
 from fedkit.errors import FedkitError
 from fedkit.rundir.atomic import write_bytes, write_text
-from fedkit.rundir.logs import FAILURES, RECIPE, read_clients, read_jsonl, read_ledger, read_metrics
+from fedkit.rundir.logs import (
+    FAILURES,
+    RECIPE,
+    read_clients,
+    read_evaluations,
+    read_jsonl,
+    read_ledger,
+    read_metrics,
+)
 
 ACCURACY = ("test_accuracy", "personalized_accuracy", "knn_accuracy", "linear_accuracy")
 CHECK = """<script>
@@ -75,6 +83,7 @@ class RunData:
         self.recipe = recipe.read_text() if recipe.exists() else ""
         summary = out / "summary.json"
         self.summary = json.loads(summary.read_text()) if summary.exists() else {}
+        self.evaluations = read_evaluations(out)
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         pairs = [(r["round"], r[key]) for r in self.rows if isinstance(r.get(key), (int, float))]
@@ -339,6 +348,32 @@ def partition_html(data: RunData) -> str:
     return f"<h2>Partition</h2><table>{head}{''.join(rows)}</table>"
 
 
+def evaluation_label(row: dict[str, Any], with_round: bool = True) -> str:
+    """What a ``fedkit eval`` measured: protocol, data set, whose encoder (which round)."""
+    whose = "global" if row.get("client") is None else f"client {row['client']}"
+    at = f", round {row.get('round')}" if with_round else ""
+    return f"{row.get('protocol')} on {row.get('dataset')} ({whose}{at})"
+
+
+def evaluations_html(data: RunData) -> str:
+    """Every ``fedkit eval`` result, oldest first: what it measured, its numbers, when."""
+    rows = "".join(
+        "<tr>"
+        + f"<td>{html.escape(evaluation_label(r))}</td>"
+        + "<td>"
+        + html.escape(
+            ", ".join(
+                f"{k} {_fmt(v)}"
+                for k, v in r.items()
+                if _number(v) and k not in ("round", "client")
+            )
+        )
+        + f"</td><td>{html.escape(str(r.get('when', '')))}</td></tr>"
+        for r in data.evaluations
+    )
+    return f"<table><tr><th>evaluation</th><th>scores</th><th>when</th></tr>{rows}</table>"
+
+
 def figure(name: str, png: bytes) -> str:
     """An inlined PNG with its caption."""
     encoded = base64.b64encode(png).decode()
@@ -377,6 +412,8 @@ def render_html(data: RunData, images: dict[str, bytes]) -> str:
         sections.append(f"<h2>Bytes moved</h2>{_table(moved)}")
     sections += [figure(name, png) for name, png in images.items()]
     sections.append(partition_html(data))
+    if data.evaluations:
+        sections.append(f"<h2>Offline evaluations (fedkit eval)</h2>{evaluations_html(data)}")
     if data.failures:
         failed = [(f"round {f['round']}, client {f['client']}", f["error"]) for f in data.failures]
         sections.append(f"<h2>Failures</h2>{_table(failed)}")

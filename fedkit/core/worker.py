@@ -204,7 +204,7 @@ class Worker:
         if self.device.type != "cpu":
             after = {k: v.cpu() for k, v in after.items()}
         upload = {k: v for k, v in after.items() if k not in self.keys.private}
-        upload.update({k: v.detach().cpu() for k, v in chosen.items()})
+        upload.update({k: v if v is DROP else v.detach().cpu() for k, v in chosen.items()})
         upload = {k: v for k, v in upload.items() if v is not DROP}
         upload = plugins.chain("process_upload", "upload", ctx=ctx, upload=upload)
         if job.fault == "nan":

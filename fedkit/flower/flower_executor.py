@@ -81,6 +81,18 @@ def use_link(link: Link | None) -> None:
         _OPEN.append(link)
 
 
+def entry_point(plugin: Any) -> bool:
+    """Whether a plugin is an installed entry point (every node has it) rather than a
+    class given in-process: duck-typed, because once a package imports the
+    ``importlib_metadata`` backport (MLflow does), ``importlib.metadata`` hands out the
+    backport's ``EntryPoint`` objects."""
+    return isinstance(plugin, EntryPoint) or (
+        isinstance(getattr(plugin, "value", None), str)
+        and isinstance(getattr(plugin, "group", None), str)
+        and callable(getattr(plugin, "load", None))
+    )
+
+
 class FlowerExecutor:
     """Clients on Flower nodes (see the module docstring)."""
 
@@ -152,7 +164,7 @@ class FlowerExecutor:
         Flower's random numbers, a node's client is its ``partition-id``)."""
 
         recipe = setup.recipe
-        custom = {n: p for n, p in (setup.available or {}).items() if not isinstance(p, EntryPoint)}
+        custom = {n: p for n, p in (setup.available or {}).items() if not entry_point(p)}
         meta = {
             "action": "setup",
             "token": uuid.uuid4().hex,

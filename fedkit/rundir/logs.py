@@ -33,6 +33,7 @@ LEDGER = "ledger.jsonl"
 FAILURES = "failures.jsonl"
 LOGS = (METRICS, CLIENTS, LEDGER, FAILURES)
 TIMES = "times.jsonl"
+EVALUATIONS = "evaluations.jsonl"
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -50,7 +51,11 @@ def read_metrics(out: str | Path) -> list[dict[str, Any]]:
 
 def read_times(out: str | Path) -> list[dict[str, Any]]:
     """Every session's set-up and round times (a line a kill cut short is skipped)."""
-    path = Path(out) / TIMES
+    return _whole_lines(Path(out) / TIMES)
+
+
+def _whole_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of an append-only file, skipping lines that do not parse."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -72,13 +77,23 @@ def total_seconds(times: list[dict[str, Any]]) -> float:
     return sum(float(r.get("setup", 0.0)) + float(r.get("seconds", 0.0)) for r in times)
 
 
-def append_time(out: Path, row: dict[str, Any]) -> None:
-    """Append one line to ``times.jsonl`` (one write: a kill leaves a whole line or a
-    partial last one, which ``read_times`` skips)."""
+def append_time(out: Path, row: dict[str, Any], name: str = TIMES) -> None:
+    """Append one line to ``times.jsonl`` (or ``name``) in one write: a kill leaves a
+    whole line or a partial last one, which the readers skip."""
     line = json.dumps(row, sort_keys=True) + "\n"
-    with (out / TIMES).open("a") as handle:
+    with (out / name).open("a") as handle:
         handle.write(line)
         handle.flush()
+
+
+def read_evaluations(out: str | Path) -> list[dict[str, Any]]:
+    """Every ``fedkit eval`` of the run, oldest first (a line cut short is skipped)."""
+    return _whole_lines(Path(out) / EVALUATIONS)
+
+
+def append_evaluation(out: Path, row: dict[str, Any]) -> None:
+    """Append one ``fedkit eval`` result (append-only: earlier ones are kept)."""
+    append_time(out, row, EVALUATIONS)
 
 
 def read_clients(out: str | Path) -> list[dict[str, Any]]:
