@@ -90,8 +90,8 @@ def kill_and_resume(path, out, seed: int, rounds: int, kills: int = 5) -> list[i
 def test_sigkill_at_random_moments_then_resume_matches(ray_cluster, write_recipe, tmp_path):
     """A Ray run with the disk store (joining this module's cluster, as a run joins an
     existing one; one worker, as each restart pays for starting its actors), killed three
-    times (before its first checkpoint, early, late), against an uninterrupted sequential run (the two executors give the same
-    numbers, tested above)."""
+    times (before its first checkpoint, after rounds 1 and 2), against an uninterrupted
+    sequential run (the two executors give the same numbers, tested in test_executors)."""
     raw = tiny_recipe(
         data={"num_clients": 5, "max_train": 200},
         federation={"rounds": 4, "clients_per_round": 3},
