@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 from typer.testing import CliRunner
 
@@ -29,6 +31,19 @@ def checkpoint_round(out):
         return json.loads(pointer.read_text())["round"]
     except (FileNotFoundError, json.JSONDecodeError):
         return 0
+
+
+def kill_after_checkpoint(path, out, round: int) -> int:
+    """Start ``fedkit run`` on ``path``, SIGKILL it once its checkpoint reached ``round``;
+    the checkpointed round it stopped at."""
+    proc = fedkit("run", str(path), "--out", str(out), wait=False)
+    deadline = time.monotonic() + 240
+    while checkpoint_round(out) < round:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return checkpoint_round(out)
 
 
 def test_resume_needs_a_run_directory(tmp_path):

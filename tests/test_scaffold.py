@@ -12,14 +12,11 @@ so FedAvg converges to the w solving (I − M̄)w = mean_k (I − M_k)b_k ≈ (0
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 
 import torch
 from conftest import prepared, spied, tiny_recipe
 from safetensors.torch import load_file
-from test_resume import checkpoint_round, fedkit
+from test_resume import kill_after_checkpoint
 from torch import nn
 from typer.testing import CliRunner
 
@@ -181,14 +178,7 @@ def test_control_variates_survive_sigkill_and_resume(write_recipe, tmp_path):
     path = write_recipe(raw)
     full, killed = tmp_path / "full", tmp_path / "killed"
     runs.execute(runs.start(validate(raw), full), full)  # in-process: same numbers
-    proc = fedkit("run", str(path), "--out", str(killed), wait=False)
-    deadline = time.monotonic() + 240
-    while checkpoint_round(killed) < 2:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    stopped_at = checkpoint_round(killed)
+    stopped_at = kill_after_checkpoint(path, killed, 2)
     assert 2 <= stopped_at < 4
     assert max(r["round"] for r in read_metrics(killed)) >= stopped_at
     resumed = CliRunner().invoke(app, ["run", "--resume", str(killed)])  # in-process: faster

@@ -4,12 +4,10 @@ resume, and the run's cumulative time in ``summary.json``."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 
 from conftest import tiny_recipe
-from test_resume import checkpoint_round, fedkit
+from test_resume import kill_after_checkpoint
 from typer.testing import CliRunner
 
 from fedkit.cli.app import app
@@ -19,14 +17,7 @@ from fedkit.rundir.logs import TIMES, read_metrics, read_times, total_seconds
 def test_times_survive_kill_9_and_add_up_across_sessions(write_recipe, tmp_path):
     path = write_recipe(tiny_recipe(federation={"rounds": 4}, data={"max_train": 200}))
     out = tmp_path / "run"
-    proc = fedkit("run", str(path), "--out", str(out), wait=False)
-    deadline = time.monotonic() + 240
-    while checkpoint_round(out) < 2:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    stopped_at = checkpoint_round(out)
+    stopped_at = kill_after_checkpoint(path, out, 2)
     first = read_times(out)
     began = time.monotonic()
     resumed = CliRunner().invoke(app, ["run", "--resume", str(out)])

@@ -103,11 +103,11 @@ def grouped(runs: list[RunData], key: str) -> tuple[Table, list[str]]:
         table.add_column(column, overflow="fold")
     finals: dict[str, dict[Any, float]] = {}
     for value, members in groups.items():
+        lines = [(summarise(d), r.get("seed")) for d, r in members]
         cells = [value, str(len(members))]
         for kind in ("final", "best"):
             for metric in metrics:
-                found = [summarise(d).get(metric) for d, _ in members]
-                values = [f[kind] for f in found if f is not None]
+                values = [line[metric][kind] for line, _ in lines if metric in line]
                 if not values:
                     cells.append("–")
                     continue
@@ -115,11 +115,8 @@ def grouped(runs: list[RunData], key: str) -> tuple[Table, list[str]]:
                 cells.append(f"{statistics.fmean(values):.4f} ± {std:.4f}")
         table.add_row(*cells)
         if metrics:
-            finals[value] = {
-                r.get("seed"): summarise(d)[metrics[0]]["final"]
-                for d, r in members
-                if metrics[0] in summarise(d)
-            }
+            first = metrics[0]
+            finals[value] = {seed: line[first]["final"] for line, seed in lines if first in line}
     return table, orderings(finals, metrics[0] if metrics else "")
 
 

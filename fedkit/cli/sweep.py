@@ -32,6 +32,7 @@ from typing import Any
 
 from rich.table import Table
 
+from fedkit.cli.compare import markdown
 from fedkit.errors import FedkitError, RecipeError
 from fedkit.rundir.atomic import write_json, write_text
 from fedkit.rundir.logs import read_metrics
@@ -303,7 +304,6 @@ def render(rows: list[dict[str, Any]]) -> tuple[Table, str, str]:
     table = Table(title="fedkit sweep (mean ± std over seeds)")
     for column in columns:
         table.add_column(column, overflow="fold")
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     flat = io.StringIO()
     writer = csv.writer(flat)
     head = []
@@ -322,9 +322,8 @@ def render(rows: list[dict[str, Any]]) -> tuple[Table, str, str]:
                 cells.append("–" if value is None else str(value))
                 record.append("" if value is None else value)
         table.add_row(*cells)
-        lines.append("| " + " | ".join(cells) + " |")
         writer.writerow(record)
-    return table, "\n".join(lines) + "\n", flat.getvalue()
+    return table, markdown(table) + "\n", flat.getvalue()
 
 
 def sweep(

@@ -25,7 +25,6 @@ import pickle
 import time
 import uuid
 from collections.abc import Iterator
-from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,6 +45,7 @@ from fedkit.flower.records import (
     wire_bytes,
 )
 from fedkit.flower.simulation import SimulationLink
+from fedkit.plugin.registry import installed
 
 AUDIT = "FEDKIT_FLOWER_AUDIT"
 """The environment variable naming the file that records what the server receives."""
@@ -79,18 +79,6 @@ def use_link(link: Link | None) -> None:
     _OPEN.clear()
     if link is not None:
         _OPEN.append(link)
-
-
-def entry_point(plugin: Any) -> bool:
-    """Whether a plugin is an installed entry point (every node has it) rather than a
-    class given in-process: duck-typed, because once a package imports the
-    ``importlib_metadata`` backport (MLflow does), ``importlib.metadata`` hands out the
-    backport's ``EntryPoint`` objects."""
-    return isinstance(plugin, EntryPoint) or (
-        isinstance(getattr(plugin, "value", None), str)
-        and isinstance(getattr(plugin, "group", None), str)
-        and callable(getattr(plugin, "load", None))
-    )
 
 
 class FlowerExecutor:
@@ -164,7 +152,7 @@ class FlowerExecutor:
         Flower's random numbers, a node's client is its ``partition-id``)."""
 
         recipe = setup.recipe
-        custom = {n: p for n, p in (setup.available or {}).items() if not entry_point(p)}
+        custom = {n: p for n, p in (setup.available or {}).items() if not installed(p)}
         meta = {
             "action": "setup",
             "token": uuid.uuid4().hex,

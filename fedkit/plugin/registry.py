@@ -33,6 +33,18 @@ def discover() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
+def installed(plugin: Any) -> bool:
+    """Whether a plugin is an installed entry point (any process with the same packages
+    can load it) rather than an object given in-process. Duck-typed: once a package
+    imports the ``importlib_metadata`` backport (MLflow does), ``importlib.metadata``
+    hands out the backport's ``EntryPoint`` objects."""
+    return isinstance(plugin, EntryPoint) or (
+        isinstance(getattr(plugin, "value", None), str)
+        and isinstance(getattr(plugin, "group", None), str)
+        and callable(getattr(plugin, "load", None))
+    )
+
+
 def hook_names(side: str | None = None) -> list[str]:
     """Hook names in the order a run calls them (the order of ``hookspecs.py``)."""
     return [

@@ -77,11 +77,16 @@ def total_seconds(times: list[dict[str, Any]]) -> float:
     return sum(float(r.get("setup", 0.0)) + float(r.get("seconds", 0.0)) for r in times)
 
 
-def append_time(out: Path, row: dict[str, Any], name: str = TIMES) -> None:
-    """Append one line to ``times.jsonl`` (or ``name``) in one write: a kill leaves a
-    whole line or a partial last one, which the readers skip."""
+def append_time(out: Path, row: dict[str, Any]) -> None:
+    """Append one line to ``times.jsonl``."""
+    _append_line(out / TIMES, row)
+
+
+def _append_line(path: Path, row: dict[str, Any]) -> None:
+    """Append one JSON line in one write: a kill leaves a whole line or a partial last
+    one, which the readers skip (these files are not checkpointed, so never cut)."""
     line = json.dumps(row, sort_keys=True) + "\n"
-    with (out / name).open("a") as handle:
+    with path.open("a") as handle:
         handle.write(line)
         handle.flush()
 
@@ -93,7 +98,7 @@ def read_evaluations(out: str | Path) -> list[dict[str, Any]]:
 
 def append_evaluation(out: Path, row: dict[str, Any]) -> None:
     """Append one ``fedkit eval`` result (append-only: earlier ones are kept)."""
-    append_time(out, row, EVALUATIONS)
+    _append_line(out / EVALUATIONS, row)
 
 
 def read_clients(out: str | Path) -> list[dict[str, Any]]:
