@@ -88,7 +88,12 @@ class ClaimMismatch(FedkitError):
 
 class RoundFailed(FedkitError):
     """A round could not complete (too few clients answered, a non-finite global model);
-    the run stops with its last checkpoint intact."""
+    the run stops with its last checkpoint intact. ``failures``: the round's failed
+    clients (client, kind, error), which ``stops.jsonl`` keeps."""
+
+    def __init__(self, message: str, failures: list[dict] | None = None) -> None:
+        super().__init__(message)
+        self.failures = failures or []
 
 
 class MissingOffer(Exception):

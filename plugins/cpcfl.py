@@ -152,7 +152,7 @@ class CPCFL(PoolPlugin):
             return
         losses = server.state.get("pretrain", {}).get("losses")
         if losses is not None:
-            server.log(pretrain_loss=losses[-1] if losses else None)
+            server.log(pretrain_loss=losses[-1] if losses else None, pretrain_losses=losses)
         total = server.tensors.pop(f"{RELEVANCE}_sum", None)
         weight = server.state.pop(RELEVANCE, 0.0)
         own = server.tensors.get(f"{RELEVANCE}/server")

@@ -2,9 +2,13 @@
 
 Each client keeps a control variate c_i (one tensor per trained parameter, in
 ``ctx.tensors``); the server keeps c in the cluster state, so it is sent down with the
-model every round. Both start at zero. At every local step the gradient is corrected by
-c − c_i (``before_step``). After K local steps at learning rate η from the global model
-x to y_i, option II sets
+model every round. Both start at zero. At every local step the parameters also move by
+−η·(c − c_i) (``before_step``, before the optimiser's own step), so that with plain SGD
+a step is y ← y − η·(g + c − c_i), the paper's corrected step. With momentum the
+correction stays outside the momentum buffer, as in NIID-Bench's and Flower's
+implementations: fed through the gradient instead, momentum would scale it by
+1/(1 − ρ) (ten times with ρ = 0.9) and training diverges. After K local steps at
+learning rate η from the global model x to y_i, option II sets
 
     c_i⁺ = c_i − c + (x − y_i) / (K·η)
 
@@ -14,8 +18,8 @@ sample-count weights of the model average (the paper's 1/|S| when clients are eq
 large) and N the number of clients (``aggregate``). Control variates are auxiliary
 tensors in the ledger (``auxiliary_keys``), not data-derived.
 
-The algorithm is stated for plain SGD: the recipe's optimiser must be ``sgd`` (momentum
-is allowed; the variates still use K·η).
+The algorithm is stated for SGD: the recipe's optimiser must be ``sgd`` (momentum is
+allowed; the variates still use K·η).
 """
 
 from __future__ import annotations
@@ -95,11 +99,12 @@ class Scaffold:
 
     @hookimpl
     def before_step(self, ctx: ClientContext, model: nn.Module, optimizer) -> None:
-        """g ← g + c − c_i."""
+        """y ← y − η·(c − c_i), beside the optimiser's step on the gradient."""
         fix = self.correction(ctx, model)
-        for name, p in model.named_parameters():
-            if p.grad is not None and name in fix:
-                p.grad.add_(fix[name])
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.grad is not None and name in fix:
+                    p.add_(fix[name], alpha=-ctx.lr)
 
     @hookimpl
     def upload_selection(

@@ -23,7 +23,10 @@ from fedkit.core.engine import run_round
 from fedkit.evaluation.scoring import score_encoder, supervised_scores
 from fedkit.training import supervised_loss
 
-SUPERVISED = [name for name in COMBOS if name not in ("tensorboard", "mlflow")]
+OWN_MODEL = ("ditto", "finetune", "fedbabu")
+"""Plugins whose ``personal_model`` scores a model of their own (v_k, a fine-tuned copy):
+test_personalization.py checks what they are scored with."""
+SUPERVISED = [name for name in COMBOS if name not in ("tensorboard", "mlflow", *OWN_MODEL)]
 
 
 def personal_state(run, cid: int) -> dict[str, torch.Tensor]:

@@ -51,7 +51,12 @@ COMBOS = {
     "fedavg": supervised(),
     "fedprox": supervised({"fedprox": {"mu": 0.1}}),
     "scaffold": supervised("scaffold"),
+    "fednova": supervised("fednova"),
     "fedbn": supervised("fedbn"),
+    "ditto": supervised({"ditto": {"lam": 0.1}}),
+    "fedrep": tiny_recipe(plugins=[{"fedrep": {"head_epochs": 1}}], federation=SGD),
+    "fedbabu": tiny_recipe(plugins=[{"fedbabu": {"finetune_epochs": 1}}], federation=SGD),
+    "finetune": supervised({"finetune": {"epochs": 1}}),
     "dp": supervised({"dp": {"clip": 1.0, "noise_multiplier": 0.5}}),
     "fedopt": supervised({"fedopt": {"optimizer": "adam"}}),
     "tensorboard": supervised({"tensorboard": {"logdir": "TMP"}}),
@@ -376,7 +381,8 @@ def test_resume_does_not_pre_train_again_and_plugins_leave_the_run_dir_alone(
     assert done == 1 and len(calls) == 2  # kept by the core, not trained again
     assert run_round(resumed, 2) == expected[1]
     logs = {"metrics.jsonl", "clients.jsonl", "ledger.jsonl", "failures.jsonl"}
-    core_files = {"recipe.yaml", "partition.json", "checkpoints", "clients", *logs}
+    core = {"recipe.yaml", "partition.json", "classes.json", "checkpoints", "clients"}
+    core_files = {*core, *logs}
     assert {p.name for p in out.iterdir()} == core_files
 
 

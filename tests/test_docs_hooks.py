@@ -36,7 +36,7 @@ def test_each_hook_documented_with_signature(name):
 def test_the_core_names_no_federated_method():
     names = (
         r"\b(fedavg|fedu|dapu|fedbyol|fedsimsiam|fedsimclr|fedca|ifca|cpcfl|cp-cfl"
-        r"|fedprox|scaffold|fedbn|fedema|fedopt|fedadam|fedavgm)\b"
+        r"|fedprox|scaffold|fedbn|fedema|fedopt|fedadam|fedavgm|fednova|ditto|fedrep|fedbabu)\b"
     )
     # Authoring aids compose a new plugin with the baseline a user would pick: they name
     # it in recipes they write, never in logic.

@@ -48,6 +48,21 @@ def test_ray_gives_the_same_metrics_as_sequential(ray_cluster, name):
     assert same_pools(ray_pool, seq_pool)
 
 
+def test_clients_compute_at_the_recipes_thread_count_whatever_the_drivers(ray_cluster):
+    """A driver at two threads (the default on 2 cores) runs its clients at
+    ``engine.num_cpus`` (1) threads, as Ray's actors do: the same numbers."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seq_rows, seq_pool = run_all(RECIPES["fedavg"], "sequential")
+        ray_rows, ray_pool = run_all(RECIPES["fedavg"], "ray")
+        assert torch.get_num_threads() == 2  # the server's side keeps the process's count
+    finally:
+        torch.set_num_threads(before)
+    assert ray_rows == seq_rows
+    assert same_pools(ray_pool, seq_pool)
+
+
 class Recording:
     """Stands in for the ``ray`` module in an executor: what ``ray.get`` hands the driver
     is pickled and kept, so a test can search it for bytes that must not be there."""

@@ -102,8 +102,13 @@ def test_below_quorum_stops_the_run_with_its_checkpoint_intact(tmp_path):
     with pytest.raises(RoundFailed, match=message):
         runs.execute(run, out)
     assert [r["round"] for r in logs.read_metrics(out)] == list(range(1, stop))
+    (trace,) = logs.read_stops(out)  # the failed round's clients, kept past the resume
+    failed = {c for c in range(6) if draw(recipe_.faults, 0, stop, c) is not None}
+    assert trace["round"] == stop and {f["client"] for f in trace["failures"]} == failed
+    assert all(f["kind"] == "exception" for f in trace["failures"])
     _, done = runs.resume(out)
     assert done == stop - 1
+    assert logs.read_stops(out) == [trace]
 
 
 def test_faults_are_the_same_on_resume(tmp_path):
@@ -124,3 +129,19 @@ def test_fault_probabilities_must_sum_to_at_most_one():
     with pytest.raises(Exception, match="at most 1"):
         FaultConfig(exception=0.6, nan=0.6)
     assert set(KINDS) == {"exception", "dropout", "nan", "straggler", "crash"}
+
+
+def test_a_non_finite_upload_is_refused_on_the_client_so_only_its_download_is_booked():
+    """The worker checks its upload before sending (as a node would): nothing goes up,
+    and the ledger, which books what travels, has the download alone."""
+    raw = recipe(nan=0.5)
+    run = prepared(raw)
+    row = run_round(run, 1)
+    bad = {int(c) for c, why in row.get("failures", {}).items() if why.startswith("non-finite")}
+    assert bad
+    for entry in run.server.ledger.to_rows():
+        if entry["client"] in bad:
+            assert entry["up_model"] == entry["up_aux"] == entry["up_data"] == 0
+            assert entry["down_model"] > 0
+        else:
+            assert entry["up_model"] > 0

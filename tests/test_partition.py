@@ -28,6 +28,8 @@ CASES = [
     ("iid", {}),
     ("dirichlet", {"alpha": 0.5}),
     ("classes_per_client", {"k": 2}),
+    ("labels_per_client", {"k": 3}),
+    ("dirichlet", {"alpha": 0.5, "cap": True}),
 ]
 
 
@@ -183,3 +185,40 @@ def test_registered_partitioner_is_dispatched():
     assert [len(c) for c in part.clients] == [500, 500]
     assert regs.partitioners.entries["halves_test"].plugin == "halves"
     assert "halves_test" not in registries().partitioners  # installed ones are untouched
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_labels_per_client_is_niid_benchs_sort_and_partition(k):
+    labels = _labels(per_class=60)
+    part = _split(labels, "labels_per_client", k=k)
+    holders = {c: [] for c in range(10)}
+    for i, (idx, held) in enumerate(zip(part.clients, part.client_classes, strict=True)):
+        assert len(held) == k and i % 10 in held  # client i holds class i mod K
+        assert set(np.unique(labels[idx])) == set(held)
+        for c in held:
+            holders[c].append(int(np.sum(labels[idx] == c)))
+    for c, counts in holders.items():  # a class cut in equal shards among its holders
+        assert sum(counts) == 60 and max(counts) - min(counts) <= 1, c
+    if k == 1:
+        assert part.client_classes == [[i] for i in range(10)]
+
+
+def test_labels_per_client_draws_the_other_classes_from_the_rng():
+    labels = _labels()
+    a = _split(labels, "labels_per_client", k=2, seed=0).client_classes
+    b = _split(labels, "labels_per_client", k=2, seed=1).client_classes
+    assert a != b
+
+
+def test_capped_dirichlet_gives_no_later_class_to_a_client_at_its_even_share():
+    labels = _labels(per_class=500)
+    part = _split(labels, "dirichlet", alpha=0.1, cap=True)
+    counts = np.array([[np.sum(labels[c] == k) for k in range(10)] for c in part.clients])
+    capped = 0
+    for k in range(1, 10):  # classes are dealt in order
+        full = counts[:, :k].sum(axis=1) >= len(labels) / 10
+        assert np.all(counts[full, k] <= 1), k  # 0, or 1 left by rounding the cuts down
+        capped += int(full.sum())
+    assert capped > 0  # the cap acted
+    plain = _split(labels, "dirichlet", alpha=0.1)
+    assert [len(c) for c in plain.clients] != [len(c) for c in part.clients]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -108,3 +110,25 @@ def test_sigkill_at_random_moments_then_resume_matches(ray_cluster, write_recipe
         assert read(killed) == read(full)
     a, b = (checkpoint.read(out).pool for out in (full, killed))
     assert a.keys() == b.keys() and all(same_pools([a[k]], [b[k]]) for k in a)
+
+
+def test_sigterm_to_a_ray_run_exits_143_with_a_resume_line(ray_cluster, write_recipe, tmp_path):
+    """Ray's own SIGTERM handler would print a native stack dump and exit 134; fedkit's
+    takes it back once Ray started, and unwinds as Ctrl-C does."""
+    raw = tiny_recipe(data={"num_clients": 3, "max_train": 150}, federation={"rounds": 20})
+    address = ray.get_runtime_context().gcs_address
+    raw["engine"] = {"executor": "ray", "workers": 1, "address": address}
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "fedkit", "run", str(write_recipe(raw)), "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while checkpoint_round(out) < 1:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode == 143, stderr
+    assert f"terminated (SIGTERM); {out} keeps its last checkpoint" in stderr
+    assert "Fatal Python error" not in stderr and "SIGTERM received" not in stderr
+    assert checkpoint.read(out).round >= 1

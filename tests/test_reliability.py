@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_recipe
-from test_resume import fedkit
+from test_resume import checkpoint_round, fedkit
 from typer.testing import CliRunner
 
 from fedkit.cli.app import app
@@ -401,3 +401,258 @@ def test_a_binary_file_among_recipes_is_listed_not_fatal(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDKIT_RECIPES", str(tmp_path))
     result = invoke("recipes")
     assert result.exit_code == 0 and "not a text file" in result.output
+
+
+# ------------------------------------------------------------------ recipes that cannot work
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("seed=-7", "seed"),
+        ("federation.min_clients=3", "min_clients (3) at most clients_per_round (2)"),
+        ("data.num_clients=2", "min_clients (3) at most data.num_clients (2)"),
+        ("plugins=[fedavg, fedbn]", "a backbone with BatchNorm layers"),
+    ],
+)
+def test_a_recipe_that_cannot_work_is_refused_before_round_one(
+    write_recipe, tmp_path, override, named
+):
+    raw = copy_recipe(RECIPE)
+    if override.startswith("data.num_clients"):
+        raw["federation"] = {**raw["federation"], "min_clients": 3, "clients_per_round": 3}
+    if "fedbn" in override:
+        raw["backbone"] = {"name": "test_convnext"}  # LayerNorm, no BatchNorm
+        raw["data"] = {**raw["data"], "image_size": 32}
+    out = tmp_path / "run"
+    result = invoke("run", str(write_recipe(raw)), "--out", str(out), "--set", override)
+    assert result.exit_code == 2 and named in result.output, result.output
+    assert not (out / "metrics.jsonl").exists()
+
+
+def copy_recipe(raw: dict) -> dict:
+    return json.loads(json.dumps(raw))
+
+
+def test_a_quorum_message_without_failures_has_no_empty_list():
+    from fedkit.core.engine import RoundFailed, check_quorum, prepare
+
+    run = prepare(validate(RECIPE))
+    run.server.round = 1
+    with pytest.raises(RoundFailed) as caught:
+        check_quorum(run, [], [])
+    assert "; ." not in str(caught.value) and "(1). " in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedkit", "fedkit_extra", "torch", "json", "os"])
+def test_new_plugin_refuses_a_name_something_installed_answers_to(tmp_path, name):
+    result = invoke("new-plugin", name, "--dir", str(tmp_path))
+    assert result.exit_code == 2 and "choose another name" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_new_plugin_on_a_full_disk_leaves_nothing_and_a_retry_works(tmp_path, monkeypatch):
+    original, written = Path.write_text, []
+
+    def full(self, *args, **kwargs):
+        if len(written) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        written.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    result = invoke("new-plugin", "myprox", "--dir", str(tmp_path))
+    assert result.exit_code == 2 and "No space left" in result.output
+    assert list(tmp_path.iterdir()) == []  # no partial package, no staging folder
+    monkeypatch.setattr(Path, "write_text", original)
+    again = invoke("new-plugin", "myprox", "--dir", str(tmp_path))
+    assert again.exit_code == 0 and (tmp_path / "myprox" / "myprox" / "plugin.py").is_file()
+
+
+def test_a_runs_numbers_do_not_depend_on_the_processes_thread_count():
+    """Clients train at ``engine.num_cpus`` threads; more threads would change the sums'
+    order (the 8th digit of the loss here)."""
+    from fedkit.core.engine import prepare
+
+    def rows(threads: int, num_cpus: float = 1.0):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            run = prepare(validate({**RECIPE, "engine": {"num_cpus": num_cpus}}))
+            return [run_round(run, r) for r in (1, 2)]
+        finally:
+            torch.set_num_threads(before)
+
+    assert rows(2) == rows(1)
+    assert rows(1, num_cpus=2)[-1]["train_loss"] != rows(1)[-1]["train_loss"]  # it can fail
+
+
+def test_run_files_have_the_mode_an_ordinary_write_gives(tmp_path):
+    """Not mkstemp's 0600: a colleague the umask lets in can report, evaluate, resume."""
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    out = tmp_path / "run"
+    runs.execute(runs.start(validate(RECIPE), out), out)
+    modes = {p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    assert modes == {plain.stat().st_mode & 0o777} == {atomic.FILE_MODE}
+
+
+def test_two_packages_registering_one_plugin_name_are_refused_naming_both(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from fedkit.plugin import registry
+
+    mine = EntryPoint("fedavg", "my_fedavg.plugin:FedAvg", "fedkit")
+    real = registry.entry_points
+
+    def doubled(group: str):
+        return [*real(group=group), mine]
+
+    monkeypatch.setattr(registry, "entry_points", doubled)
+    with pytest.raises(FedkitError, match="fedkit_plugins.fedavg:FedAvg.*my_fedavg.plugin"):
+        registry.discover()
+    for args in (["plugins"], ["plugins", "--check"], ["run", "quickstart", "--out", "x"]):
+        result = invoke(*args)
+        assert result.exit_code == 2 and "two installed packages" in result.output, args
+
+
+def test_eval_says_which_checkpoint_it_scored_when_the_newest_is_damaged(tmp_path):
+    out = tmp_path / "run"
+    runs.execute(runs.start(validate(RECIPE), out), out)
+    newest = checkpoint.latest_folder(out)
+    (newest / "pool.safetensors").write_bytes(b"")  # truncated
+    result = invoke("eval", str(out), "--protocol", "knn", "--set", "evaluation.knn_k=5")
+    assert result.exit_code == 0, result.output
+    scored = json.loads(result.stdout.strip().splitlines()[-1])
+    older = int(checkpoint.folders(out)[1].name.split("-")[1])
+    assert scored["round"] == older < 4
+    assert f"{newest.name} is damaged" in result.output
+    assert f"scored the checkpoint of round {older} instead" in result.output
+    assert logs.read_evaluations(out)[-1]["round"] == older
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("finished") / "run"
+    raw = {**RECIPE, "federation": {**RECIPE["federation"], "rounds": 2}}
+    runs.execute(runs.start(validate(raw), out), out)
+    return out
+
+
+DAMAGE = {
+    "metrics.jsonl cut mid-line": ("metrics.jsonl", b'{"round": 1, "train_lo'),
+    "metrics.jsonl binary": ("metrics.jsonl", bytes(range(128, 256))),
+    "metrics.jsonl foreign list row": ("metrics.jsonl", None, b"[1, 2]\n"),
+    "metrics.jsonl foreign object row": ("metrics.jsonl", None, b'{"a": 1}\n'),
+    "clients.jsonl foreign row": ("clients.jsonl", None, b"[3]\n"),
+    "ledger.jsonl binary": ("ledger.jsonl", bytes(range(128, 256))),
+    "partition.json corrupt": ("partition.json", b"{not json"),
+    "summary.json corrupt": ("summary.json", b"[1,"),
+    "summary.json a list": ("summary.json", b"[1]"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_report_and_compare_name_a_damaged_file_without_a_traceback(finished_run, tmp_path, case):
+    name, replace, *append = DAMAGE[case]
+    damaged = tmp_path / "damaged"
+    shutil.copytree(finished_run, damaged)
+    if replace is not None:
+        (damaged / name).write_bytes(replace)
+    else:
+        with open(damaged / name, "ab") as handle:
+            handle.write(append[0])
+    for args in (
+        ["report", str(damaged)],
+        ["compare", str(finished_run), str(damaged), "--out", str(tmp_path / "c")],
+    ):
+        result = invoke(*args)
+        assert result.exit_code == 2 and str(damaged / name) in result.output, (args, result.output)
+
+
+def test_report_shows_a_recipe_that_is_not_text(finished_run, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(finished_run, damaged)
+    (damaged / "recipe.yaml").write_bytes(bytes(range(128, 256)))
+    assert invoke("report", str(damaged)).exit_code == 0
+    assert (
+        invoke("compare", str(finished_run), str(damaged), "--out", str(tmp_path / "c")).exit_code
+        == 0
+    )
+
+
+def test_sigterm_exits_143_with_a_resume_line_and_the_checkpoint_intact(write_recipe, tmp_path):
+    raw = {**RECIPE, "federation": {**RECIPE["federation"], "rounds": 30}}
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "fedkit", "run", str(write_recipe(raw)), "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while checkpoint_round(out) < 1:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == 143
+    assert stderr.strip().endswith(f"continue with: fedkit run --resume {out}")
+    assert "Traceback" not in stderr
+    assert checkpoint.read(out).round >= 1
+
+
+def test_a_checkpoint_of_another_run_is_ignored_and_resume_falls_back_to_its_own(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    short = {**RECIPE, "federation": {**RECIPE["federation"], "rounds": 2}}
+    runs.execute(runs.start(validate(short), ours), ours)
+    runs.execute(runs.start(validate({**RECIPE, "seed": 5}), theirs), theirs)
+    shutil.copytree(theirs / "checkpoints" / "round-0004", ours / "checkpoints" / "round-0004")
+    for path in (theirs / "clients").iterdir():  # with its client files
+        if not (ours / "clients" / path.name).exists():
+            shutil.copy(path, ours / "clients" / path.name)
+    snapshot = checkpoint.read(ours)
+    assert snapshot.round == 2 and "round-0004 was written by another run" in snapshot.notes[0]
+    result = invoke("run", "--resume", str(ours), "--set", "federation.rounds=4")
+    assert result.exit_code == 0, result.output
+    assert [r["round"] for r in logs.read_metrics(ours)] == [1, 2, 3, 4]
+
+
+def test_os_errors_name_the_file_and_advise_for_the_command_given():
+    from fedkit.cli.app import os_message
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/runs/x/metrics.jsonl")
+    assert os_message(full).endswith("free some space or choose another --out")
+    assert "then resume again" in os_message(full, resuming=True)
+    readonly = OSError(errno.EROFS, "Read-only file system", "/runs/x/summary.json")
+    assert "copy the run directory" in os_message(readonly, resuming=True)
+    nameless = ConnectionError("ray client connection timeout")
+    assert (
+        os_message(nameless)
+        == "ray client connection timeout — check the address, and that the server runs"
+    )
+    assert "a file" not in os_message(nameless)
+
+
+def test_a_failed_write_names_the_file_it_was_writing(tmp_path, monkeypatch):
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "fsync", full)
+    target = tmp_path / "summary.json"
+    with pytest.raises(OSError) as caught:
+        atomic.write_text(target, "{}")
+    assert caught.value.filename == str(target) and caught.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []  # no temporary file left
+
+
+def test_a_ray_address_nobody_answers_at_is_a_recipe_error(monkeypatch):
+    ray = pytest.importorskip("ray")
+    from fedkit.core.engine import prepare
+    from fedkit.errors import RecipeError
+
+    def refuse(**options):
+        raise ConnectionError("ray client connection timeout")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    raw = {**RECIPE, "engine": {"executor": "ray", "address": "ray://127.0.0.1:1"}}
+    with pytest.raises(RecipeError, match=r"engine.address.*ray://127.0.0.1:1.*connection timeout"):
+        prepare(validate(raw))

@@ -21,12 +21,18 @@ from typer.testing import CliRunner
 from fedkit.cli.app import app
 from fedkit.cli.compare import sign_flip_p
 from fedkit.cli.report import (
+    CAPTIONS,
     RunData,
     client_values_plot,
     clusters_plot,
     confusion,
+    curves,
+    partition_plot,
     pyplot,
     roster_order,
+    round_times,
+    server_values,
+    server_values_plot,
     write_report,
 )
 from fedkit.config.schema import validate
@@ -179,6 +185,7 @@ def test_pages_load_in_headless_chromium_with_every_image_and_no_error(
         assert found, f"{page.name}: the page's check did not run"
         loaded, total, errors = map(int, found.groups())
         assert loaded == total == len(images_of(page)) and errors == 0
+    assert 'alt="cluster_confusion"' in (ifca_run / "report.html").read_text()
 
 
 def test_tensorboard_observer_logs_each_rows_numbers(tmp_path: Path) -> None:
@@ -277,3 +284,57 @@ def test_the_cluster_map_lists_every_client_by_id_and_group_and_the_confusion_co
     page = write_report(data.out)
     assert (data.out / "report" / "cluster_confusion.png").read_bytes().startswith(PNG)
     assert page.is_file()
+
+
+def test_the_report_shows_server_values_curves_time_and_class_names(tmp_path):
+    """What a CP-CFL run logs beyond accuracy: a flag and a count every round, a score and
+    a pre-training curve once; the rounds' wall time; the classes by name."""
+    root = tmp_path / "run"
+    root.mkdir()
+    rows = [
+        {"round": 1, "encoder_frozen": True, "clusters_used": 2, "relevance_score": 0.25,
+         "pretrain_losses": [3.0, 2.5, 2.0], "clients": [0, 1]},
+        {"round": 2, "encoder_frozen": False, "clusters_used": 3, "clients": [0, 1]},
+    ]  # fmt: skip
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    times = [
+        {"session": 1, "setup": 4.0, "after": 0},
+        {"session": 1, "round": 1, "train": 1.0, "aggregate": 0.1, "evaluate": 0.5},
+        {"session": 1, "round": 2, "train": 9.0, "aggregate": 0.1, "evaluate": 0.5},
+        {"session": 2, "setup": 2.0, "after": 1},
+        {"session": 2, "round": 2, "train": 2.0, "aggregate": 0.2, "evaluate": 0.4},
+    ]
+    (root / "times.jsonl").write_text("".join(json.dumps(t) + "\n" for t in times))
+    counts = {"n_train": 5, "n_test": 1}
+    partition = [{"client": 0, "train_counts": [3, 0, 2], **counts},
+                 {"client": 1, "train_counts": [0, 5, 0], **counts}]  # fmt: skip
+    (root / "partition.json").write_text(json.dumps(partition))
+    (root / "classes.json").write_text(json.dumps(["cat", "dog", "eel"]))
+    data = RunData(root)
+    assert server_values(data) == {
+        "encoder_frozen": [(1, 1.0), (2, 0.0)],
+        "clusters_used": [(1, 2.0), (2, 3.0)],
+        "relevance_score": [(1, 0.25)],
+    }
+    assert curves(data) == {"pretrain_losses (round 1)": [3.0, 2.5, 2.0]}  # not "clients"
+    assert round_times(data) == {
+        1: {"train": 1.0, "aggregate": 0.1, "evaluate": 0.5},
+        2: {"train": 2.0, "aggregate": 0.2, "evaluate": 0.4},  # the round's last run
+    }
+    plt = pyplot()
+    fig = partition_plot(plt, data)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["cat", "dog", "eel"]
+    fig = server_values_plot(plt, data)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["encoder_frozen", "clusters_used"]
+    plt.close("all")
+    page = write_report(root).read_text()
+    for name in ("server_values", "curves", "time", "partition"):
+        assert f'alt="{name}"' in page and (root / "report" / f"{name}.png").is_file()
+    assert f"<figcaption>{CAPTIONS['time']}</figcaption>" in page  # says how to read it
+    assert "<th>relevance_score (round 1)</th><td>0.2500</td>" in page
+    assert "<td>2: cat eel</td>" in page and "<td>1: dog</td>" in page
+
+
+def test_a_run_directory_records_its_class_names(fedavg_runs: list[Path]) -> None:
+    names = json.loads((fedavg_runs[0] / "classes.json").read_text())
+    assert names == [str(d) for d in range(10)]  # scikit-learn's digits

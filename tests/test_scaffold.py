@@ -59,14 +59,14 @@ class Quadratic:
         return Objective(loss, lambda: [(torch.zeros(1),)] * STEPS)
 
 
-def quadratic_recipe(*plugins, rounds: int = ROUNDS):
+def quadratic_recipe(*plugins, rounds: int = ROUNDS, momentum: float = 0.0):
     return tiny_recipe(
         plugins=["quad", *plugins],
         data={"partition": {"name": "iid"}, "num_clients": 2, "max_train": 200},
         federation={
             "rounds": rounds,
             "clients_per_round": 2,
-            "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.0},
+            "optimizer": {"name": "sgd", "lr": LR, "momentum": momentum},
         },
         evaluation={"protocol": "none", "every": 0},
     )
@@ -127,24 +127,36 @@ def test_option_two_control_variates_and_ledger_categories():
     assert row["bytes"]["up_model"] == 2 * vec_bytes
 
 
-def test_before_step_corrects_gradients_by_c_minus_ci():
-    run = prepared(quadratic_recipe("scaffold", rounds=2), quad=Quadratic)
-    run_round(run, 1)
-    seen = {}
+def test_each_step_moves_by_the_gradient_and_c_minus_ci_outside_momentum():
+    """The first step of round 2 from the global w: y = w − η·(g + c − c_i) with plain
+    SGD; with momentum the correction is not in the momentum buffer."""
+    for momentum in (0.0, 0.9):
+        first, buffers = {}, {}
 
-    class FirstGrad:
-        @hookimpl(trylast=True)  # after scaffold's correction
-        def before_step(self, ctx, model, optimizer):
-            seen.setdefault(ctx.id, model["w"].weight.grad.clone())
+        class FirstStep:
+            @hookimpl(trylast=True)  # after scaffold's correction, before the step
+            def before_step(
+                self, ctx, model, optimizer, first=first, buffers=buffers, rho=momentum
+            ):
+                if ctx.id not in first:
+                    first[ctx.id] = model["w"].weight.detach().clone()
+                elif ctx.id not in buffers and rho:  # the step after: its buffer
+                    state = optimizer.state[model["w"].weight]
+                    buffers[ctx.id] = state["momentum_buffer"].clone()
 
-    run.executor.worker.plugins.pm.register(FirstGrad(), name="first-grad")
-    w, c = run.server.pool[0]["w.weight"], run.server.pool[0][GLOBAL + "w.weight"]
-    own = {cid: run.executor.store.get(cid).tensors[OWN + "w.weight"].clone() for cid in (0, 1)}
-    run_round(run, 2)
-    for cid in (0, 1):
-        plain = A[cid] @ (w - B[cid])  # the first step of round 2 starts at the global w
-        assert torch.allclose(seen[cid], plain + c - own[cid], atol=1e-6)
-        assert not torch.allclose(seen[cid], plain, atol=1e-3)
+        run = prepared(quadratic_recipe("scaffold", rounds=2, momentum=momentum), quad=Quadratic)
+        run_round(run, 1)
+        run.executor.worker.plugins.pm.register(FirstStep(), name="first-step")
+        w, c = run.server.pool[0]["w.weight"], run.server.pool[0][GLOBAL + "w.weight"]
+        own = {cid: run.executor.store.get(cid).tensors[OWN + "w.weight"].clone() for cid in (0, 1)}
+        run_round(run, 2)
+        lr = run.recipe.federation.optimizer.lr
+        for cid in (0, 1):
+            assert torch.allclose(first[cid], w - lr * (c - own[cid]), atol=1e-6)
+            if momentum:  # the buffer after one step holds the gradient alone
+                plain = A[cid] @ (w - B[cid])
+                assert torch.allclose(buffers[cid], plain, atol=1e-5)
+        assert not torch.allclose(c, torch.zeros_like(c))
 
 
 def checkpoint_file(out, name: str) -> dict[str, torch.Tensor]:

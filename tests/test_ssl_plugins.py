@@ -11,7 +11,9 @@ import torch
 from conftest import kept_model, prepared, spied, tensor_bytes, tiny_recipe
 from torch import nn
 
+from fedkit.config.schema import validate
 from fedkit.core.engine import run_round
+from fedkit.errors import RecipeError
 from fedkit.evaluation.scoring import score_encoder
 from fedkit_plugins._ssl_common import byol_loss_fn
 from fedkit_plugins.fedsimclr import FedSimCLR
@@ -337,3 +339,28 @@ def test_fedkit_eval_reproduces_the_runs_knn_and_scores_clients_and_transfer(tmp
     per_client = json.loads((out / "clients.jsonl").read_text().splitlines()[-1])
     scored = evaluate("--protocol", "knn", "--client", "1")["knn_accuracy"]
     assert scored == per_client["client_knn_accuracy"]["1"]
+
+
+def test_knn_monitor_runs_every_few_rounds_beside_a_final_linear_probe():
+    evaluation = {"protocol": "linear", "every": 0, "monitor_every": 2, "knn_k": 5}
+    evaluation["linear_epochs"] = 5
+    run = prepared(ssl_recipe("fedsimclr", rounds=4, evaluation=evaluation))
+    rows = rounds(run, 4)
+    assert [("knn_accuracy" in r, "linear_accuracy" in r) for r in rows] == [
+        (False, False),
+        (True, False),
+        (False, False),
+        (True, True),
+    ]
+    train, test = run.evaluator._pooled, run.evaluator.test
+    encoder = run.server.model(0)["encoder"]
+    expected = score_encoder(
+        encoder, train, test, "knn", run.recipe.evaluation, 0, run.server.device
+    )
+    assert rows[-1]["knn_accuracy"] == expected["knn_accuracy"]
+
+
+def test_the_knn_monitor_needs_a_representation_protocol():
+    raw = ssl_recipe("fedsimclr", evaluation={"protocol": "supervised", "monitor_every": 2})
+    with pytest.raises(RecipeError, match="monitor_every"):
+        validate(raw)

@@ -1,5 +1,5 @@
-"""Executes the tutorials of the contract-v2 plugins (fedprox, scaffold, fedbn, fedopt,
-dp, fedema), shrunk to tiny settings, and checks what each says the run directory shows."""
+"""Executes the tutorials of the contract-v2 plugins (fedprox, scaffold, fednova, fedbn,
+fedopt, dp, fedema), shrunk to tiny settings, and checks what each says the run directory shows."""
 
 from __future__ import annotations
 
@@ -67,6 +67,15 @@ def test_scaffold_tutorial(tmp_path, monkeypatch):
     for row in ledger(runs / "scaffold"):
         assert row["up_aux"] == variates and row["up_data"] == 0
         assert row["down_aux"] == (variates if row["round"] > 1 else 0)
+
+
+def test_fednova_tutorial(tmp_path, monkeypatch):
+    runs = run_page("fednova.md", tmp_path, monkeypatch)
+    for row in ledger(runs / "fednova"):
+        assert row["up_aux"] == 8 and row["down_aux"] == 0  # one float64 a_i up
+    assert not any("fednova" in k for k in final_pool(runs / "fednova"))
+    assert all(row["up_aux"] == 0 for row in ledger(runs / "fedavg-niid"))
+    assert [r["round"] for r in read_metrics(runs / "fednova")] == [1, 2]
 
 
 def test_fedbn_tutorial(tmp_path, monkeypatch):

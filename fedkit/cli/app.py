@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -54,23 +56,38 @@ app.add_typer(deploy.app, name="deploy")
 ADVICE = {
     errno.ENOSPC: "free some space or choose another --out",
     errno.EROFS: "the file system is read-only: choose another --out",
+    errno.ECONNREFUSED: "nothing answers at that address: check it, and that the server runs",
+    errno.ETIMEDOUT: "no answer from that address in time: check it and the network",
     errno.EACCES: "no permission: choose a directory you can write to",
     errno.EPERM: "no permission: choose a directory you can write to",
     errno.ENOTDIR: "a part of this path is a file, not a directory",
     errno.EISDIR: "this path is a directory, a file was expected",
     errno.ENOENT: "it does not exist",
 }
+RESUME_ADVICE = {
+    errno.ENOSPC: "free some space, then resume again (the last checkpoint is intact)",
+    errno.EROFS: "the file system is read-only: copy the run directory somewhere writable "
+    "and resume the copy",
+    errno.EACCES: "no permission to write there: resume as a user who may, or resume a copy",
+    errno.EPERM: "no permission to write there: resume as a user who may, or resume a copy",
+}
 
 
-def os_message(exc: OSError) -> str:
-    """One line for an operating-system error: the path, what happened, what to do."""
-    where = exc.filename or "a file"
-    advice = ADVICE.get(exc.errno or 0, "check the path and try again")
-    return f"{where}: {exc.strerror or exc} — {advice}"
+def os_message(exc: OSError, resuming: bool = False) -> str:
+    """One line for an operating-system error: the path (when there is one), what
+    happened, what to do (resuming: what to do with the run directory)."""
+    code = exc.errno or 0
+    advice = (RESUME_ADVICE if resuming else {}).get(code) or ADVICE.get(code)
+    if exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc} — {advice or 'check the path and try again'}"
+    what = exc.strerror or str(exc) or type(exc).__name__
+    if isinstance(exc, ConnectionError | TimeoutError) and advice is None:
+        advice = "check the address, and that the server runs"
+    return f"{what} — {advice}" if advice else what
 
 
 @contextlib.contextmanager
-def friendly_errors() -> Iterator[None]:
+def friendly_errors(resuming: bool = False) -> Iterator[None]:
     """Bad input or a refusing machine → one message and exit code 2; a plugin's
     exception → named, exit code 1."""
     try:
@@ -79,7 +96,8 @@ def friendly_errors() -> Iterator[None]:
         errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except OSError as exc:
-        errors.print(f"[bold red]error:[/] {os_message(exc)}", highlight=False, soft_wrap=True)
+        message = os_message(exc, resuming)
+        errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except PluginError as exc:
         errors.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
@@ -165,7 +183,7 @@ def run(
     jsonl = log_format == "jsonl"
     quiet = quiet or as_json or jsonl
     engine = engine_settings(executor, workers)
-    with friendly_errors():
+    with friendly_errors(resuming=resume is not None):
         if resume is None:
             if recipe is None:
                 raise FedkitError("give a recipe (file or shipped name) or --resume DIR")
@@ -187,7 +205,7 @@ def run(
         else:
             out = out or runs.default_out(path.stem)
         fresh = not out.exists()
-        with RunLock(out), interrupted(out), tidy(out, fresh):
+        with RunLock(out), interrupted(out) as rearm, tidy(out, fresh):
             if resume is not None:
                 the_run, done = runs.resume(resume, set_ or [])
                 for note in the_run.notes:
@@ -206,6 +224,7 @@ def run(
                             f"… and {data.num_clients - SHOWN_CLIENTS:,} more clients "
                             f"(all of them in {out / 'partition.json'})"
                         )
+            rearm()  # after Ray started, if it did
             warn_about(the_run)
             rounds = the_run.recipe.federation.rounds
             if jsonl:
@@ -302,19 +321,48 @@ def tidy(out: Path, fresh: bool) -> Iterator[None]:
         raise
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what Slurm, Kubernetes and ``kill`` send first), raised in the main thread
+    so that it unwinds like Ctrl-C: executors close, Ray shuts down, checkpoints stay."""
+
+
+TERMINATED = threading.Event()
+"""Set by the SIGTERM handler: code that catches the interrupt and raises a plain
+``KeyboardInterrupt`` (Ray's ``ray.get``) does not hide that it was SIGTERM."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    TERMINATED.set()
+    raise Terminated()
+
+
 @contextlib.contextmanager
-def interrupted(out: Path) -> Iterator[None]:
-    """Ctrl-C: say how to continue, exit 130 (the run directory keeps its last checkpoint)."""
+def interrupted(out: Path) -> Iterator[Callable[[], None]]:
+    """Ctrl-C or SIGTERM: say how to continue and exit 130 or 143 (the run directory keeps
+    its last checkpoint). Yields ``rearm``, to call once the run is prepared: starting Ray
+    installs Ray's own SIGTERM handler, which would abort with a native stack dump."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+
+    def rearm() -> None:
+        if main:
+            signal.signal(signal.SIGTERM, _terminate)
+
+    rearm()
     try:
-        yield
-    except KeyboardInterrupt:
+        yield rearm
+    except KeyboardInterrupt as exc:
+        term = isinstance(exc, Terminated) or TERMINATED.is_set()
+        what = "terminated (SIGTERM)" if term else "interrupted"
         errors.print(
-            f"interrupted; {out} keeps its last checkpoint — continue with: "
-            f"fedkit run --resume {out}",
+            f"{what}; {out} keeps its last checkpoint — continue with: fedkit run --resume {out}",
             highlight=False,
             soft_wrap=True,
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(143 if term else 130) from None
+    finally:
+        if main and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 @app.command()
@@ -420,6 +468,13 @@ def eval_(
         metrics = evaluate_run(
             run_dir, protocol, dataset=dataset, root=root, overrides=set_ or [], client=client
         )
+        for skipped in metrics.get("skipped", []):
+            errors.print(
+                f"[yellow]warning:[/] {skipped}; scored the checkpoint of round "
+                f"{metrics['round']} instead",
+                highlight=False,
+                soft_wrap=True,
+            )
         when = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         append_evaluation(run_dir, {**metrics, "overrides": set_ or [], "when": when})
     print(json.dumps(metrics))
@@ -440,9 +495,9 @@ def list_plugins(
     columns = ("plugin", "package", "server hooks", "client hooks", "registers", "data-derived")
     for column in (*columns, "summary"):
         table.add_column(column, overflow="fold")
-    entry_points = registry.discover()
-    loaded, findings = check_entry_points(entry_points)
     with friendly_errors():
+        entry_points = registry.discover()
+        loaded, findings = check_entry_points(entry_points)
         registered = registry.collect(loaded)
     provides: dict[str, list[str]] = {}
     for kind in registered.kinds().values():

@@ -9,12 +9,18 @@ smallest useful method), a recipe that uses it, a README and tests written with
 
 from __future__ import annotations
 
+import importlib.util
 import keyword
+import os
 import re
-from importlib.metadata import version
+import shutil
+import sys
+import tempfile
+from importlib.metadata import entry_points, version
 from pathlib import Path
 
 from fedkit.errors import FedkitError
+from fedkit.rundir.atomic import DIR_MODE
 
 PYPROJECT = """\
 [build-system]
@@ -161,11 +167,27 @@ Options (`plugins: [fedavg, {{{name}: {{weight: 0.01}}}}]`): `weight`, the term'
 
 
 def module_name(name: str) -> str:
-    """A plugin name usable as an entry-point name and a Python package name."""
+    """A plugin name usable as an entry-point name and a Python package name that
+    nothing installed already answers to: not an installed fedkit plugin (the built-in
+    one would win or lose silently), not ``fedkit`` and not a module Python already
+    finds (the standard library's ``json``, an installed ``torch``)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         raise FedkitError(
             f"{name!r} cannot name a plugin: use lowercase letters, digits and underscores, "
             "starting with a letter (for example `myprox`)"
+        )
+    plugins = {ep.name: ep.value for ep in entry_points(group="fedkit")}
+    if name in plugins:
+        raise FedkitError(
+            f"{name!r} is already an installed fedkit plugin ({plugins[name]}); "
+            "choose another name (for example `my_" + name + "`)"
+        )
+    taken = name in sys.stdlib_module_names or name.startswith("fedkit")
+    if taken or importlib.util.find_spec(name) is not None:
+        raise FedkitError(
+            f"{name!r} is already a Python module here (the standard library's, or an installed "
+            "package's), so the plugin's package could not be imported under it; choose "
+            "another name (for example `my_" + name + "`)"
         )
     return name
 
@@ -186,8 +208,16 @@ def create(name: str, parent: Path) -> Path:
         f"recipes/{name}.yaml": RECIPE,
         f"tests/test_{name}.py": TEST,
     }
-    for relative, template in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(template.format(**values))
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=parent))
+    try:  # built aside and renamed whole: a full disk leaves nothing behind
+        for relative, template in files.items():
+            path = staging / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(template.format(**values))
+        os.chmod(staging, DIR_MODE)
+        staging.rename(root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return root

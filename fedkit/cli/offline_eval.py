@@ -22,19 +22,22 @@ from fedkit.errors import FedkitError, RecipeError
 from fedkit.evaluation.scoring import capped, score_encoder
 from fedkit.models import create_backbone
 from fedkit.plugin.registry import registries
-from fedkit.rundir.checkpoint import personal_state, read, saved_part
+from fedkit.rundir.checkpoint import Snapshot, personal_state, read, saved_part
 
 PROTOCOLS = ("knn", "linear", "semi")
 
 
-def saved_encoder(run_dir: Path, recipe: Recipe, client: int | None = None) -> nn.Module:
-    """The encoder of cluster 0 from the run's newest checkpoint, or ``client``'s personal
-    one (its cluster's encoder with the keys it kept, as personalised evaluation uses)."""
+def saved_encoder(
+    run_dir: Path, recipe: Recipe, client: int | None = None, snapshot: Snapshot | None = None
+) -> nn.Module:
+    """The encoder of cluster 0 from the run's newest intact checkpoint (or ``snapshot``),
+    or ``client``'s personal one (its cluster's encoder with the keys it kept, as
+    personalised evaluation uses)."""
     if client is None:
-        state = saved_part(run_dir, "encoder")
+        state = saved_part(run_dir, "encoder", snapshot=snapshot)
     else:
         prefix = "encoder."
-        personal = personal_state(run_dir, client)
+        personal = personal_state(run_dir, client, snapshot)
         state = {k[len(prefix) :]: v for k, v in personal.items() if k.startswith(prefix)}
     encoder = create_backbone(recipe.backbone)
     encoder.load_state_dict(state)
@@ -62,17 +65,22 @@ def evaluate_run(
     dataset_entry = registries().datasets.get(recipe.data.dataset)
     check_data(recipe.data, dataset_entry)
     device = resolve_device(recipe.device)
-    encoder = saved_encoder(run_dir, recipe, client).to(device)
+    snapshot = read(run_dir)  # the checkpoint scored, named in the result
+    if snapshot is None:
+        raise FedkitError(f"{run_dir}: no checkpoint yet")
+    encoder = saved_encoder(run_dir, recipe, client, snapshot).to(device)
     train, test = load_splits(recipe.data, dataset_entry)
     cfg, seed = recipe.evaluation, recipe.seed
     train, test = capped(train, cfg.max_eval, seed), capped(test, cfg.max_eval, seed)
     with torch.enable_grad():
         metrics = score_encoder(encoder, train, test, protocol, cfg, seed, device)
-    snapshot = read(run_dir)
-    return {
+    result = {
         "dataset": recipe.data.dataset,
         "protocol": protocol,
         "client": client,
-        "round": snapshot.round if snapshot is not None else None,
+        "round": snapshot.round,
         **metrics,
     }
+    if snapshot.damaged:  # a newer checkpoint is damaged: this one is older
+        result["skipped"] = snapshot.damaged
+    return result

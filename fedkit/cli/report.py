@@ -11,7 +11,11 @@ the page opens from disk anywhere. What is plotted depends on what the run logge
 * the cluster every client chose in every round, with the adjusted Rand index;
 * every other number clients report (divergences, update decisions, mixing weights,
   update norms: whatever plugins log), per client and per round;
-* the partition: each client's training images per class.
+* every other value the server logs (relevance, a frozen encoder, clusters in use, F1):
+  per round, or in a table when it was logged once; curves a plugin logs as a list (a
+  server pre-training's loss per epoch);
+* wall time per round (client training, aggregation, evaluation), from ``times.jsonl``;
+* the partition: each client's training images per class, by class name.
 
 Needs matplotlib (the ``report`` extra); the page carries a small script that records
 whether every image loaded and any error, which a headless browser can read back.
@@ -31,6 +35,7 @@ from fedkit.core.ledger import FIELDS
 from fedkit.errors import FedkitError
 from fedkit.rundir.atomic import write_bytes, write_text
 from fedkit.rundir.logs import (
+    CLASSES,
     FAILURES,
     RECIPE,
     read_clients,
@@ -38,6 +43,7 @@ from fedkit.rundir.logs import (
     read_jsonl,
     read_ledger,
     read_metrics,
+    read_times,
 )
 
 ACCURACY = ("test_accuracy", "personalized_accuracy", "knn_accuracy", "linear_accuracy")
@@ -77,13 +83,13 @@ class RunData:
         self.clients = read_clients(out)
         self.ledger = read_ledger(out)
         self.failures = read_jsonl(out / FAILURES)
-        partition = out / "partition.json"
-        self.partition = json.loads(partition.read_text()) if partition.exists() else []
+        self.partition = json_file(out / "partition.json", list, [])
         recipe = out / RECIPE
-        self.recipe = recipe.read_text() if recipe.exists() else ""
-        summary = out / "summary.json"
-        self.summary = json.loads(summary.read_text()) if summary.exists() else {}
+        self.recipe = recipe.read_text(errors="replace") if recipe.exists() else ""
+        self.summary = json_file(out / "summary.json", dict, {})
         self.evaluations = read_evaluations(out)
+        self.times = read_times(out)
+        self.classes: list[str] = json_file(out / CLASSES, list, [])
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         pairs = [(r["round"], r[key]) for r in self.rows if isinstance(r.get(key), (int, float))]
@@ -96,18 +102,35 @@ class RunData:
         return list(found)
 
 
+def json_file(path: Path, kind: type, missing: Any) -> Any:
+    """A run directory's JSON file (``missing`` when absent); a damaged one stops with an
+    error naming it."""
+    if not path.exists():
+        return missing
+    try:
+        value = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FedkitError(f"{path}: not valid JSON ({exc}); the file is damaged") from None
+    if not isinstance(value, kind):
+        raise FedkitError(f"{path}: expected a JSON {kind.__name__}, found {type(value).__name__}")
+    return value
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def accuracy_plot(plt: Any, data: RunData) -> Any:
-    keys = data.keys(
-        lambda k: (
-            k in ACCURACY
-            or k.startswith("semi_accuracy")
-            or (k.startswith("personalized_") and k.endswith("accuracy"))
-        )
+def is_accuracy(key: str) -> bool:
+    """Keys the accuracy plot shows."""
+    return (
+        key in ACCURACY
+        or key.startswith("semi_accuracy")
+        or (key.startswith("personalized_") and key.endswith("accuracy"))
     )
+
+
+def accuracy_plot(plt: Any, data: RunData) -> Any:
+    keys = data.keys(is_accuracy)
     if not keys:
         return None
     fig, ax = plt.subplots(figsize=(7, 3.6))
@@ -156,7 +179,9 @@ def client_accuracy_plot(plt: Any, data: RunData) -> Any:
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    ax.boxplot([v for _, v in rows], positions=[r for r, _ in rows], widths=0.6)
+    positions = [r for r, _ in rows]
+    ax.boxplot([v for _, v in rows], positions=positions, widths=0.6, manage_ticks=False)
+    ax.set_xlim(min(positions) - 0.6, max(positions) + 0.6)
     ax.set(xlabel="round", ylabel="accuracy", title="Each client's accuracy on its local test set")
     ax.grid(alpha=0.3)
     return fig
@@ -296,6 +321,113 @@ def _value(v: Any) -> bool:
     return isinstance(v, (int, float)) and (isinstance(v, bool) or math.isfinite(v))
 
 
+SHOWN_ELSEWHERE = ("round", "ari", "ari_round", "clients")
+
+
+def server_values(data: RunData) -> dict[str, list[tuple[int, float]]]:
+    """Every number or flag in the metrics rows that no other plot shows, by key: its
+    (round, value) pairs. Booleans read as 0 and 1."""
+    found: dict[str, list[tuple[int, float]]] = {}
+    for row in data.rows:
+        for key, value in row.items():
+            if key in SHOWN_ELSEWHERE or key.startswith("train_") or is_accuracy(key):
+                continue
+            if _value(value):
+                found.setdefault(key, []).append((row["round"], float(value)))
+    return found
+
+
+def server_values_plot(plt: Any, data: RunData) -> Any:
+    shown = {k: v for k, v in server_values(data).items() if len(v) > 1}
+    if not shown:
+        return None
+    fig, axes = plt.subplots(
+        len(shown), 1, figsize=(7, 1.9 * len(shown) + 0.6), squeeze=False, sharex=True
+    )
+    flags = {k for row in data.rows for k, v in row.items() if isinstance(v, bool)}
+    for ax, (key, pairs) in zip(axes[:, 0], shown.items(), strict=True):
+        rounds, values = zip(*pairs, strict=True)
+        if key in flags:
+            ax.step(rounds, values, where="mid")
+            ax.set_yticks([0, 1], ["no", "yes"])
+            ax.set_ylim(-0.2, 1.2)
+        else:
+            ax.plot(rounds, values, marker="o", markersize=3)
+        ax.set(ylabel=key)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_title("Other values logged each round")
+    axes[-1, 0].set_xlabel("round")
+    fig.tight_layout()
+    return fig
+
+
+def curves(data: RunData) -> dict[str, list[float]]:
+    """Lists of numbers a plugin logged in a metrics row (a pre-training's loss per
+    epoch), by ``key (round N)``."""
+    found = {}
+    for row in data.rows:
+        for key, value in row.items():
+            if key in SHOWN_ELSEWHERE:
+                continue
+            if isinstance(value, list) and value and all(_number(v) for v in value):
+                found[f"{key} (round {row['round']})"] = [float(v) for v in value]
+    return found
+
+
+def curves_plot(plt: Any, data: RunData) -> Any:
+    shown = curves(data)
+    if not shown:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for key, values in shown.items():
+        ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=key)
+    ax.set(xlabel="step (epoch)", title="Curves logged by plugins")
+    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def round_times(data: RunData) -> dict[int, dict[str, float]]:
+    """Each round's wall time by phase; a round run twice (a kill before its
+    checkpoint) shows its last run."""
+    found = {}
+    for row in data.times:
+        if isinstance(row.get("round"), int):
+            found[row["round"]] = {
+                k: float(row[k]) for k in ("train", "aggregate", "evaluate") if _number(row.get(k))
+            }
+    return dict(sorted(found.items()))
+
+
+def time_plot(plt: Any, data: RunData) -> Any:
+    times = round_times(data)
+    if not times:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    rounds = list(times)
+    bottom = [0.0] * len(rounds)
+    for phase in ("train", "aggregate", "evaluate"):
+        values = [times[r].get(phase, 0.0) for r in rounds]
+        ax.bar(rounds, values, bottom=bottom, label=phase)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    setup = sum(float(r.get("setup", 0.0)) for r in data.times)
+    ax.set(
+        xlabel="round",
+        ylabel="seconds",
+        title=f"Wall time per round (set-up, all sessions: {setup:.1f} s)",
+    )
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def class_names(data: RunData, count: int) -> list[str]:
+    """The run's class names when it recorded them, else the class ids."""
+    if len(data.classes) == count:
+        return [str(c) for c in data.classes]
+    return [str(i) for i in range(count)]
+
+
 def partition_plot(plt: Any, data: RunData) -> Any:
     counts = [row.get("train_counts") for row in data.partition]
     if not counts or any(c is None for c in counts):
@@ -303,6 +435,9 @@ def partition_plot(plt: Any, data: RunData) -> Any:
     fig, ax = plt.subplots(figsize=(7, min(6.0, max(2.5, 0.18 * len(counts) + 1))))
     image = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
     ax.set(xlabel="class", ylabel="client", title="Training images per client and class")
+    names = class_names(data, len(counts[0]))
+    if len(names) <= 20:
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
     fig.colorbar(image, ax=ax)
     return fig
 
@@ -315,7 +450,30 @@ PLOTS = {
     "clusters": clusters_plot,
     "cluster_confusion": confusion_plot,
     "client_values": client_values_plot,
+    "server_values": server_values_plot,
+    "curves": curves_plot,
+    "time": time_plot,
     "partition": partition_plot,
+}
+CAPTIONS = {
+    "accuracy": "The global model's scores and the mean of the clients' personal scores, "
+    "on every evaluated round.",
+    "loss": "The clients' training loss (and each loss term), weighted by their samples.",
+    "bytes": "What the ledger booked per round, down and up, by category: model, auxiliary "
+    "(a plugin's own tensors) and data-derived (features or statistics of client data).",
+    "client_accuracy": "The spread of personal accuracy over the evaluated clients.",
+    "clusters": "Each client's cluster, round by round (rows are client ids, grouped by "
+    "true group when the partition has one), and the adjusted Rand index below.",
+    "cluster_confusion": "Found cluster (each client's last choice) against true group: "
+    "a perfect clustering has one filled cell per row and per column.",
+    "client_values": "Every other number clients report, one dot per client and round, "
+    "with the sample-weighted mean.",
+    "server_values": "Numbers and flags the server logged in more than one round.",
+    "curves": "Lists of numbers a plugin logged once, such as the loss of each epoch of a "
+    "server's pre-training.",
+    "time": "Wall time of each round: waiting for the clients, aggregating, evaluating "
+    "(from times.jsonl; a round run twice shows its last run).",
+    "partition": "How many training images each client holds of each class.",
 }
 
 
@@ -335,7 +493,8 @@ def partition_html(data: RunData) -> str:
     rows = []
     for row in data.partition:
         counts = row.get("train_counts") or []
-        held = [str(c) for c, n in enumerate(counts) if n]
+        names = class_names(data, len(counts))
+        held = [names[c] for c, n in enumerate(counts) if n]
         group = "" if row.get("group") is None else row["group"]
         rows.append(
             f"<tr><td>{row.get('client')}</td><td>{row.get('n_train', '')}</td>"
@@ -374,13 +533,24 @@ def evaluations_html(data: RunData) -> str:
     return f"<table><tr><th>evaluation</th><th>scores</th><th>when</th></tr>{rows}</table>"
 
 
-def figure(name: str, png: bytes) -> str:
-    """An inlined PNG with its caption."""
+def figure(name: str, png: bytes, caption: str = "") -> str:
+    """An inlined PNG with a caption that says how to read it."""
     encoded = base64.b64encode(png).decode()
     return (
         f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{encoded}">'
-        f"<figcaption>{html.escape(name)}</figcaption></figure>"
+        f"<figcaption>{html.escape(caption or name)}</figcaption></figure>"
     )
+
+
+def once_html(data: RunData) -> str:
+    """Values the server logged in a single round (a relevance score, a final
+    pre-training loss), as a table."""
+    once = [
+        (f"{key} (round {pairs[0][0]})", _fmt(pairs[0][1]))
+        for key, pairs in server_values(data).items()
+        if len(pairs) == 1 and len(data.rows) > 1
+    ]
+    return f"<h2>Logged once</h2>{_table(once)}" if once else ""
 
 
 def page(title: str, body: str) -> str:
@@ -410,7 +580,8 @@ def render_html(data: RunData, images: dict[str, bytes]) -> str:
     if totals:
         moved = [(k, f"{v / 2**20:.1f} MB") for k, v in totals.items()]
         sections.append(f"<h2>Bytes moved</h2>{_table(moved)}")
-    sections += [figure(name, png) for name, png in images.items()]
+    sections += [figure(name, png, CAPTIONS.get(name, "")) for name, png in images.items()]
+    sections.append(once_html(data))
     sections.append(partition_html(data))
     if data.evaluations:
         sections.append(f"<h2>Offline evaluations (fedkit eval)</h2>{evaluations_html(data)}")

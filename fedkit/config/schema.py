@@ -95,6 +95,15 @@ class FederationConfig(Section):
     def _schedule_from_name(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
 
+    @model_validator(mode="after")
+    def _reachable_quorum(self) -> FederationConfig:
+        if self.min_clients > self.clients_per_round:
+            raise ValueError(
+                f"min_clients ({self.min_clients}) at most clients_per_round "
+                f"({self.clients_per_round}): a round never has more clients than it samples"
+            )
+        return self
+
 
 class PluginSpec(Section):
     """One active plugin and its options (the plugin validates the options itself)."""
@@ -111,10 +120,14 @@ class EvaluationConfig(Section):
     evaluation round, ``all`` or a number drawn per round (seeded). ``personal``: with a
     representation protocol (knn, linear, semi), also score every trained client's own
     encoder (its cluster's state with its private keys), on the client.
+    ``monitor_every``: with a representation protocol, also score the global encoder with
+    the cheap kNN monitor every that many rounds (0: never), for a learning curve when the
+    protocol itself runs only at the end.
     """
 
     protocol: Literal["supervised", "knn", "linear", "semi", "none"] = "supervised"
     every: int = Field(1, ge=0)
+    monitor_every: int = Field(0, ge=0)
     clients: Literal["all"] | int = "all"
     personal: bool = False
     knn_k: int = Field(200, gt=0)
@@ -132,6 +145,15 @@ class EvaluationConfig(Section):
         if isinstance(value, int) and value < 1:
             raise ValueError("all, or a number of clients of at least 1")
         return value
+
+    @model_validator(mode="after")
+    def _monitor(self) -> EvaluationConfig:
+        if self.monitor_every and self.protocol in ("supervised", "none"):
+            raise ValueError(
+                "monitor_every > 0 only with a representation protocol (knn, linear, semi): "
+                f"the kNN monitor scores an encoder, and protocol is {self.protocol}"
+            )
+        return self
 
     @field_validator("semi_fractions")
     @classmethod
@@ -151,8 +173,9 @@ class EngineConfig(Section):
     ``flower`` (each client a Flower node: Flower's simulation runtime, or a deployment
     started with ``fedkit deploy``; the ``flower`` extra). ``workers``, ``num_cpus``,
     ``num_gpus``, ``address``: Ray's actor count (Flower's simulation: its actors),
-    resources per actor (and torch's threads per client) and cluster (``auto``,
-    ``ray://host:port``; none: a local cluster).
+    resources per actor and cluster (``auto``, ``ray://host:port``; none: a local
+    cluster). ``num_cpus`` is also torch's thread count for every client's work under
+    every executor, so a recipe's numbers do not depend on where it runs.
     ``store``: a registered client store, ``memory`` or ``disk``, or ``auto`` (disk when
     the clients' kept state would pass ``memory_budget_mb``); ``cache``: client memories
     a disk store keeps in memory.
@@ -193,7 +216,7 @@ class Recipe(Section):
     """A complete, validated run description."""
 
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     backbone: BackboneConfig = Field(default_factory=BackboneConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     federation: FederationConfig = Field(default_factory=FederationConfig)
@@ -221,6 +244,16 @@ class Recipe(Section):
             else:
                 specs.append(item)
         return specs
+
+    @model_validator(mode="after")
+    def _quorum_within_the_population(self) -> Recipe:
+        needed, clients = self.federation.min_clients, self.data.num_clients
+        if needed > clients:
+            raise ValueError(
+                f"federation.min_clients ({needed}) at most data.num_clients ({clients}): "
+                "a round cannot have more clients than the federation"
+            )
+        return self
 
 
 def _section_fields(path: tuple[Any, ...]) -> list[str]:

@@ -20,7 +20,7 @@ from torch import Tensor
 from fedkit.config.schema import Recipe
 from fedkit.core import faults
 from fedkit.core.aggregation import weighted_mean
-from fedkit.core.evaluator import Evaluator, due
+from fedkit.core.evaluator import Evaluator, due, monitored
 from fedkit.core.executor import Clients, Executor, Population, StoreSpec
 from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, read_only
 from fedkit.core.preflight import check
@@ -298,9 +298,12 @@ def evaluate_round(run: Run, round: int) -> dict[str, Any]:
     model scored on the client, then the server's ``evaluate`` hook (``server.log``)."""
     server, evaluator, cfg = run.server, run.evaluator, run.recipe.evaluation
     metrics: dict[str, Any] = evaluator.identity(server.roster, round)
-    if not due(cfg.every, round, run.recipe.federation.rounds):
-        return metrics
+    main = due(cfg.every, round, run.recipe.federation.rounds)
     with precision.compute(run.recipe, server.device), torch.no_grad():
+        if monitored(cfg.monitor_every, round) and not (main and cfg.protocol == "knn"):
+            metrics.update(evaluator.monitor(server))
+        if not main:
+            return metrics
         metrics.update(evaluator.global_model(server))
     scores = evaluator.client_scores(len(server.pool))
     asked = any(
@@ -339,7 +342,7 @@ def check_quorum(run: Run, results: list[ClientResult], failures: list[ClientRes
     needed = run.recipe.federation.min_clients
     if len(results) >= needed:
         return
-    listed = "; ".join(f"client {f.client}: {f.failure}: {f.error}" for f in failures)
+    listed = "".join(f"; client {f.client}: {f.failure}: {f.error}" for f in failures)
     hint = ""
     if failures and all(f.failure == "non-finite" for f in failures):
         lr = run.recipe.federation.optimizer.lr
@@ -347,10 +350,12 @@ def check_quorum(run: Run, results: list[ClientResult], failures: list[ClientRes
             " Every failure is a non-finite value: the usual cause is a learning rate too high "
             f"for the model (federation.optimizer.lr = {lr:g})."
         )
+    failed = [{"client": f.client, "kind": f.failure, "error": f.error} for f in failures]
     raise RoundFailed(
         f"round {run.server.round}: {len(results)} of {len(results) + len(failures)} clients "
-        f"answered, below federation.min_clients ({needed}); {listed}.{hint} The run stopped; "
-        "its last checkpoint is intact (fedkit run --resume DIR continues from it)"
+        f"answered, below federation.min_clients ({needed}){listed}.{hint} The run stopped; "
+        "its last checkpoint is intact (fedkit run --resume DIR continues from it)",
+        failed,
     )
 
 

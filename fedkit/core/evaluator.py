@@ -35,6 +35,11 @@ def due(every: int, round: int, rounds: int) -> bool:
     return round == rounds or (every > 0 and round % every == 0)
 
 
+def monitored(every: int, round: int) -> bool:
+    """Whether the kNN monitor runs this round (``evaluation.monitor_every``)."""
+    return every > 0 and round % every == 0
+
+
 class Evaluator:
     """What only the simulation knows (see the module docstring)."""
 
@@ -85,6 +90,18 @@ class Evaluator:
             ),
             "clusters_used": len(set(found)),
         }
+
+    def monitor(self, server: Server) -> dict[str, Any]:
+        """The kNN monitor of cluster 0's encoder on the pooled client images
+        (``knn_accuracy``), whatever the recipe's protocol."""
+        if self._pooled is None:
+            return {}
+        cfg, device = self.recipe.evaluation, server.device
+        with torch.enable_grad():
+            encoder = server.model(0)["encoder"]
+            return score_encoder(
+                encoder, self._pooled, self.test, "knn", cfg, self.recipe.seed, device
+            )
 
     def global_model(self, server: Server) -> dict[str, Any]:
         """Cluster 0's model on the global test set (supervised, with a pool of one), or

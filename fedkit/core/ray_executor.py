@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fedkit.core.executor import Population, StoreSpec
+from fedkit.core.executor import Population, StoreSpec, client_threads_count
 from fedkit.core.faults import InjectedCrash
 from fedkit.core.messages import (
     ClientJob,
@@ -150,7 +150,17 @@ class RayExecutor:
                 options["include_dashboard"] = False
                 options["num_cpus"] = max(1, int(round(workers * cfg.num_cpus)))
                 options["num_gpus"] = int(round(workers * cfg.num_gpus + 0.4999))
-            ray.init(**options)
+            try:
+                ray.init(**options)
+            except (ConnectionError, TimeoutError) as exc:
+                if cfg.address is None:
+                    raise
+                raise RecipeError(
+                    "engine.address",
+                    "the address of a running Ray cluster (auto, HOST:PORT, ray://HOST:PORT)",
+                    cfg.address,
+                    hint=f" (Ray: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+                ) from None
         if cfg.num_gpus > 0:
             self.setup = setup = dataclasses.replace(setup, device="cuda")
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -159,7 +169,7 @@ class RayExecutor:
         self.store = ray.remote(StoreActor).options(num_cpus=0, scheduling_strategy=here)
         self.store = self.store.remote(store)
         self.remote = ray.remote(ClientActor).options(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus)
-        self.threads = max(1, int(cfg.num_cpus))
+        self.threads = client_threads_count(setup.recipe)
         self.setup_ref = ray.put(setup)
         self.data_refs = {cid: ray.put(data) for cid, data in clients.items()}
         benchmark = population.benchmark

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -36,13 +36,14 @@ from fedkit.config.shipped import resolve
 from fedkit.core.engine import Reporter, Run, SilentReporter, checkpoint_state, prepare, rounds
 from fedkit.core.preflight import check
 from fedkit.data.summary import partition_rows, save_partition
-from fedkit.errors import FedkitError, RecipeError
+from fedkit.errors import FedkitError, RecipeError, RoundFailed
 from fedkit.plugin.manager import Plugins
 from fedkit.plugin.registry import discover
 from fedkit.rundir import checkpoint
 from fedkit.rundir.atomic import remove_temporary, write_json, write_text
 from fedkit.rundir.lock import LOCK
 from fedkit.rundir.logs import (
+    CLASSES,
     CLIENTS,
     FAILURES,
     JOURNAL,
@@ -50,6 +51,7 @@ from fedkit.rundir.logs import (
     METRICS,
     RECIPE,
     append_logs,
+    append_stop,
     append_time,
     log_states,
     read_metrics,
@@ -94,6 +96,7 @@ def start(recipe: Recipe, out: Path, plugins: Plugins | None = None) -> Run:
     run = prepare(recipe, plugins, out=out)
     write_text(out / RECIPE, dump_recipe(recipe))
     save_partition(partition_rows(run.data), out / "partition.json")
+    write_json(out / CLASSES, run.data.train.classes)
     save(run, out, 0)
     return run
 
@@ -238,7 +241,7 @@ def execute(run: Run, out: Path, done: int = 0, reporter: Reporter = SilentRepor
     pending: list[dict[str, Any]] = []
     last = read_metrics(out)[-1:] if done else []
     try:
-        for row in rounds(run, done, reporter):
+        for row in stopping(run, out, session, rounds(run, done, reporter)):
             times = {k: round(v, 3) for k, v in run.times.items()}
             append_time(out, {"session": session, "round": row["round"], **times})
             pending.append(row)
@@ -263,6 +266,18 @@ def execute(run: Run, out: Path, done: int = 0, reporter: Reporter = SilentRepor
     return summary
 
 
+def stopping(
+    run: Run, out: Path, session: int, rows: Iterator[dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
+    """The rounds' rows; a round that fails is recorded in ``stops.jsonl`` first."""
+    try:
+        yield from rows
+    except RoundFailed as exc:
+        stop = {"session": session, "round": run.server.round, "error": str(exc)}
+        append_stop(out, {**stop, "failures": exc.failures})
+        raise
+
+
 def describe_state(out: Path) -> str | None:
     """A note when a run directory's newest checkpoint is not its last round."""
     try:
@@ -272,7 +287,7 @@ def describe_state(out: Path) -> str | None:
         return None
     done = checkpoint.latest_round(out)
     if done is not None and done < rounds:
-        return f"{out} stopped after round {done} of {rounds}; its newest checkpoint is used"
+        return f"{out} stopped after round {done} of {rounds}; its newest intact checkpoint is used"
     return None
 
 

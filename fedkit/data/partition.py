@@ -120,8 +120,13 @@ def dirichlet(
     rng: np.random.Generator,
     alpha: float,
     min_size: int = 1,
+    cap: bool = False,
 ) -> Partition:
-    """Per class, client shares ~ Dir(alpha); redrawn until each client has ``min_size``."""
+    """Per class, client shares ~ Dir(alpha); redrawn until each client has ``min_size``.
+
+    ``cap``: NIID-Bench's balancing. Classes are dealt in order, and a client that already
+    holds its even share (images / clients) gets no part of the later classes.
+    """
     _number("alpha", alpha, integer=False, minimum=0, strict=True)
     _number("min_size", min_size, integer=True, minimum=0)
     if num_clients * min_size > len(labels):
@@ -135,6 +140,10 @@ def dirichlet(
         chunks: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
         for members in by_class:
             shares = rng.dirichlet(np.full(num_clients, float(alpha)))
+            if cap:
+                held = np.array([sum(len(p) for p in parts) for parts in chunks])
+                capped = shares * (held < len(labels) / num_clients)
+                shares = capped / capped.sum() if capped.sum() > 0 else shares
             cuts = (np.cumsum(shares)[:-1] * len(members)).astype(np.int64)
             for client, part in enumerate(np.split(rng.permutation(members), cuts)):
                 chunks[client].append(part)
@@ -164,7 +173,15 @@ def classes_per_client(
         raise RecipeError("data.partition.k", f"at most {len(classes)} (the classes)", k)
     order = rng.permutation(classes)
     held = [[int(order[(i * k + j) % len(classes)]) for j in range(k)] for i in range(num_clients)]
-    chunks: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    return _shards(labels, classes, held, rng)
+
+
+def _shards(
+    labels: np.ndarray, classes: np.ndarray, held: list[list[int]], rng: np.random.Generator
+) -> Partition:
+    """Each class cut into equal random shards, one per client that holds it (in client
+    order); a class nobody holds is left out."""
+    chunks: list[list[np.ndarray]] = [[] for _ in held]
     for c in classes:
         holders = [i for i, own in enumerate(held) if c in own]
         if not holders:
@@ -174,6 +191,25 @@ def classes_per_client(
             chunks[client].append(shard)
     clients = [np.concatenate(parts) if parts else np.empty(0, np.int64) for parts in chunks]
     return _finish(clients, client_classes=[sorted(h) for h in held])
+
+
+def labels_per_client(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, k: int
+) -> Partition:
+    """NIID-Bench's "#C=k" label skew: client ``i`` holds class ``i mod K`` and ``k - 1``
+    other classes drawn at random (distinct), and each class's images are cut into equal
+    shards among the clients that hold it (a class nobody holds is left out)."""
+    classes = np.unique(labels)
+    _number("k", k, integer=True, minimum=1)
+    if k > len(classes):
+        raise RecipeError("data.partition.k", f"at most {len(classes)} (the classes)", k)
+    held = []
+    for i in range(num_clients):
+        own = [int(classes[i % len(classes)])]
+        others = [int(c) for c in classes if c != own[0]]
+        own += [int(c) for c in rng.choice(others, size=k - 1, replace=False)]
+        held.append(own)
+    return _shards(labels, classes, held, rng)
 
 
 def cluster_groups(

@@ -35,6 +35,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from fedkit.config.schema import validate
 from fedkit.core.evaluator import Evaluator
+from fedkit.core.executor import client_threads_count
 from fedkit.core.faults import InjectedCrash
 from fedkit.core.messages import ClientResult, ClientSetup
 from fedkit.core.worker import Benchmark, Worker
@@ -241,7 +242,7 @@ class NodeHost:
         setup.recipe = recipe = validate(meta["recipe"])
         if setup.available is not None:  # the server's own plugins beside the installed ones
             setup.available = {**discover(), **setup.available}
-        threads(int(recipe.engine.num_cpus))
+        threads(client_threads_count(recipe))
         regs = registries(setup.available)
         dataset = regs.datasets.get(recipe.data.dataset)
         partitioner = regs.partitioners.get(recipe.data.partition.name)

@@ -10,6 +10,7 @@ from torch import nn
 
 from fedkit.config.schema import BackboneConfig
 from fedkit.errors import RecipeError, did_you_mean
+from fedkit.models import small_cnns  # noqa: F401  (registers fedkit's CNNs in timm)
 
 
 @cache

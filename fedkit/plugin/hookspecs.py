@@ -488,7 +488,7 @@ def personal_model(ctx: ClientContext, model: nn.ModuleDict) -> nn.Module | None
     Called on the client on evaluation rounds (``evaluation.every``, ``evaluation.clients``)
     with ``model`` holding the client's default personal model: its cluster's current
     state with its own values of the private keys. A plugin that keeps a whole personal
-    model of its own (Ditto's v_k in ``ctx.tensors``, a fine-tuned copy) returns it
+    model of its own (a personal model in ``ctx.tensors``, a fine-tuned copy) returns it
     here, or loads it into ``model`` and returns ``model``. The core's protocol and every
     ``evaluate_client`` then score what is returned. Nothing of it leaves the client but
     the scores.

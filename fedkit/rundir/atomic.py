@@ -2,7 +2,9 @@
 
 Every writer returns the SHA-256 of what it wrote, so a checkpoint can record the hash of
 each file it relies on. Temporary files are named ``.<target>.<random>.tmp``;
-``remove_temporary`` deletes the ones a killed process left behind.
+``remove_temporary`` deletes the ones a killed process left behind. Files get the mode an
+ordinary write would give them (0666 less the umask), not the 0600 of a temporary file, so
+colleagues the umask lets read a run directory can report, evaluate and resume it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 TEMPORARY = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")
+
+
+def _umask() -> int:
+    """The process's umask (read once, at import: setting it back and forth is not
+    thread-safe)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _umask()
+FILE_MODE = 0o666 & ~UMASK
+"""The mode of every file fedkit writes: what ``open(path, "w")`` would give."""
+DIR_MODE = 0o777 & ~UMASK
 
 
 def write_bytes(path: str | Path, data: bytes) -> str:
@@ -42,6 +58,7 @@ def _replace(path: str | Path, pieces: Iterable[bytes]) -> str:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     digest = hashlib.sha256()
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as handle:
             for piece in pieces:
                 digest.update(piece)
@@ -49,6 +66,11 @@ def _replace(path: str | Path, pieces: Iterable[bytes]) -> str:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None:  # a failed write names no file: name the one written
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -15,6 +15,10 @@ named as fedkit names them).
 ``read`` verifies before trusting: it takes the newest checkpoint whose every hash
 matches, says what was damaged in the newer ones, and stops with a clear error when none
 is intact. Round 0 is written right after initialisation.
+
+A run has an id (``checkpoints/run.json``, made with its first checkpoint) that every
+checkpoint records: a checkpoint folder of another run copied into ``checkpoints/`` is
+not this run's, so it is neither read nor pruned, and a note says so.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,13 +41,58 @@ from fedkit.rundir.store import MEMORIES, SUFFIX, read_memory
 
 FORMAT = 4
 POINTER = Path("checkpoints") / "latest.json"
+RUN_FILE = Path("checkpoints") / "run.json"
 STATE, SEAL = "state.json", "state.sha256"
 FOLDER = re.compile(r"^round-(\d{4,})$")
+RUN_ID = re.compile(r"[0-9a-f]{32}")
 CLIENT_FILE = re.compile(r"^\d+\.r\d{6}" + re.escape(SUFFIX) + "$")
 
 
 class CheckpointError(FedkitError):
     """No intact checkpoint to resume from."""
+
+
+def run_id(root: Path) -> str | None:
+    """The run's id, ``None`` for a run from before ids (or when the file is gone)."""
+    try:
+        value = json.loads((root / RUN_FILE).read_text())["run"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, str) and RUN_ID.fullmatch(value) else None
+
+
+def _own_id(root: Path) -> str:
+    """The run's id; a missing or damaged ``run.json`` is rebuilt from the checkpoint
+    ``latest.json`` points at (this run wrote it), a new id only for a new run."""
+    found = run_id(root)
+    known = {r for p in _sealed(root) if (r := _folder_run(p)) is not None}
+    if found is None or (known and found not in known):
+        try:
+            pointed = root / "checkpoints" / json.loads((root / POINTER).read_text())["folder"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pointed = None
+        found = (_folder_run(pointed) if pointed is not None else None) or uuid.uuid4().hex
+        write_json(root / RUN_FILE, {"run": found})
+    return found
+
+
+def _folder_run(folder: Path) -> str | None:
+    try:
+        value = json.loads((folder / STATE).read_text()).get("run")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def foreign(root: Path) -> list[Path]:
+    """Sealed checkpoint folders in ``checkpoints/`` that another run wrote."""
+    own = run_id(root)
+    if own is None:
+        return []
+    runs = {p: _folder_run(p) for p in _sealed(root)}
+    if own not in runs.values():  # run.json names no checkpoint here: it is what is wrong
+        return []
+    return [p for p, theirs in runs.items() if theirs is not None and theirs != own]
 
 
 def _flatten(groups: dict[str, dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -80,6 +130,7 @@ def save(
     }
     sidecar = {
         "format": FORMAT,
+        "run": _own_id(root),
         "round": round,
         **state,
         "clients": {str(cid): entry for cid, entry in sorted(clients.items())},
@@ -93,14 +144,20 @@ def save(
     return folder
 
 
-def folders(root: Path) -> list[Path]:
-    """Checkpoint folders fedkit wrote (sealed), newest first."""
+def _sealed(root: Path) -> list[Path]:
+    """Checkpoint folders fedkit wrote (sealed), newest first, whichever run's."""
     found = []
     for path in (root / "checkpoints").glob("round-*"):
         match = FOLDER.match(path.name)
         if match and path.is_dir() and (path / SEAL).is_file():
             found.append((int(match.group(1)), path))
     return [path for _, path in sorted(found, reverse=True)]
+
+
+def folders(root: Path) -> list[Path]:
+    """This run's checkpoint folders (sealed), newest first."""
+    others = set(foreign(root))
+    return [path for path in _sealed(root) if path not in others]
 
 
 def prune(root: Path, keep: int) -> None:
@@ -158,19 +215,27 @@ class Snapshot:
     server_state: dict[str, Any]
     sidecar: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    damaged: list[str] = field(default_factory=list)
+    """The newer checkpoints skipped because they are damaged (also in ``notes``)."""
 
 
 def read(root: Path) -> Snapshot | None:
     """The newest intact checkpoint of a run directory (``None`` when it has none yet);
     damaged newer ones are skipped and named in ``notes``."""
-    notes: list[str] = []
+    notes = [
+        f"{path.relative_to(root)} was written by another run: it is not read, and this "
+        "run never removes it (its own checkpoint of that round would replace it)"
+        for path in foreign(root)
+    ]
+    damaged: list[str] = []
     candidates = folders(root)
     for folder in candidates:
         found, sidecar = problems(root, folder)
         if found or sidecar is None:
-            notes.append(f"{folder.relative_to(root)} is damaged: " + "; ".join(found))
+            damaged.append(f"{folder.relative_to(root)} is damaged: " + "; ".join(found))
+            notes.append(damaged[-1])
             continue
-        if notes:
+        if damaged:
             notes.append(f"resuming from {folder.relative_to(root)} instead")
         return Snapshot(
             root=root,
@@ -181,6 +246,7 @@ def read(root: Path) -> Snapshot | None:
             server_state=sidecar["server_state"],
             sidecar=sidecar,
             notes=notes,
+            damaged=damaged,
         )
     if candidates:
         raise CheckpointError(f"{root}: no intact checkpoint to resume from — " + " | ".join(notes))
@@ -199,17 +265,18 @@ def latest_round(root: Path) -> int | None:
     return int(FOLDER.match(folder.name).group(1)) if folder is not None else None
 
 
-def _sidecar(root: Path) -> tuple[Path, dict[str, Any]]:
-    snapshot = read(root)
+def _sidecar(root: Path, snapshot: Snapshot | None = None) -> tuple[Path, dict[str, Any]]:
+    snapshot = snapshot if snapshot is not None else read(root)
     if snapshot is None:
         raise FedkitError(f"{root}: no checkpoint yet")
     return snapshot.folder, snapshot.sidecar
 
 
-def personal_state(root: Path, client: int) -> dict[str, Tensor]:
-    """A client's personal model state in a run's newest intact checkpoint: its cluster's
-    state with the keys the client kept (as personalised evaluation sees it)."""
-    folder, sidecar = _sidecar(root)
+def personal_state(root: Path, client: int, snapshot: Snapshot | None = None) -> dict[str, Tensor]:
+    """A client's personal model state in a run's newest intact checkpoint (or in
+    ``snapshot``): its cluster's state with the keys the client kept (as personalised
+    evaluation sees it)."""
+    folder, sidecar = _sidecar(root, snapshot)
     entry = sidecar["clients"].get(str(client))
     if entry is None:
         raise FedkitError(f"{root}: client {client} has not trained in this run yet")
@@ -223,11 +290,17 @@ def personal_state(root: Path, client: int) -> dict[str, Tensor]:
     return {**pool, **(read_memory(root / MEMORIES / entry["file"]).model or {})}
 
 
-def saved_part(root: Path, part: str, group: str = "0", file: str = "pool") -> dict[str, Tensor]:
+def saved_part(
+    root: Path,
+    part: str,
+    group: str = "0",
+    file: str = "pool",
+    snapshot: Snapshot | None = None,
+) -> dict[str, Tensor]:
     """One model part's state (keys without the ``part.`` prefix) from a run's newest
-    intact checkpoint: cluster ``group`` of the pool, or a kept result ``group``
-    (``server.once``) with ``file="server"``."""
-    folder, _ = _sidecar(root)
+    intact checkpoint (or from ``snapshot``): cluster ``group`` of the pool, or a kept
+    result ``group`` (``server.once``) with ``file="server"``."""
+    folder, _ = _sidecar(root, snapshot)
     tensors = load_file(folder / f"{file}.safetensors")
     prefix = f"{group}/{part}." if part else f"{group}/"
     state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}

@@ -34,19 +34,44 @@ FAILURES = "failures.jsonl"
 LOGS = (METRICS, CLIENTS, LEDGER, FAILURES)
 TIMES = "times.jsonl"
 EVALUATIONS = "evaluations.jsonl"
+STOPS = "stops.jsonl"
+CLASSES = "classes.json"
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every row of a JSON-lines file (none if it does not exist)."""
+def read_jsonl(path: str | Path, needs: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Every row of a JSON-lines file (none if it does not exist). A file that is not
+    text, a line that is not JSON, or a row that is not an object with the ``needs``
+    keys stops with an error naming the file and the line."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise FedkitError(f"{path}: not a text file; expected JSON lines{DAMAGED}") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise FedkitError(f"{path}, line {number}: not JSON ({exc}){DAMAGED}") from None
+        if not isinstance(row, dict) or any(key not in row for key in needs):
+            wanted = "a JSON object" + (f" with {', '.join(needs)}" if needs else "")
+            raise FedkitError(
+                f"{path}, line {number}: expected {wanted}, found {line[:80]!r}{DAMAGED}"
+            )
+        rows.append(row)
+    return rows
+
+
+DAMAGED = "; the file is damaged or not fedkit's (its copy in checkpoints/journal/ may be intact)"
 
 
 def read_metrics(out: str | Path) -> list[dict[str, Any]]:
     """The run's metrics rows (per-client values are in ``read_clients``)."""
-    return read_jsonl(Path(out) / METRICS)
+    return read_jsonl(Path(out) / METRICS, needs=("round",))
 
 
 def read_times(out: str | Path) -> list[dict[str, Any]]:
@@ -96,6 +121,18 @@ def read_evaluations(out: str | Path) -> list[dict[str, Any]]:
     return _whole_lines(Path(out) / EVALUATIONS)
 
 
+def append_stop(out: Path, row: dict[str, Any]) -> None:
+    """Append why a session stopped before its last round (a round that failed its
+    quorum, with every failed client): the round's own logs are never committed, and
+    this file is never cut, so the trace survives the resume."""
+    _append_line(out / STOPS, row)
+
+
+def read_stops(out: str | Path) -> list[dict[str, Any]]:
+    """Every recorded stop (a line a kill cut short is skipped)."""
+    return _whole_lines(Path(out) / STOPS)
+
+
 def append_evaluation(out: Path, row: dict[str, Any]) -> None:
     """Append one ``fedkit eval`` result (append-only: earlier ones are kept)."""
     _append_line(out / EVALUATIONS, row)
@@ -103,12 +140,12 @@ def append_evaluation(out: Path, row: dict[str, Any]) -> None:
 
 def read_clients(out: str | Path) -> list[dict[str, Any]]:
     """Per round: ``per_client`` values and the ``clusters`` the sampled clients chose."""
-    return read_jsonl(Path(out) / CLIENTS)
+    return read_jsonl(Path(out) / CLIENTS, needs=("round",))
 
 
 def read_ledger(out: str | Path) -> list[dict[str, Any]]:
     """Bytes per round and client: down/up × model/aux/data."""
-    return read_jsonl(Path(out) / LEDGER)
+    return read_jsonl(Path(out) / LEDGER, needs=("round", "client"))
 
 
 def read_failures(out: str | Path) -> list[dict[str, Any]]:

@@ -1,0 +1,195 @@
+"""NIID-Bench's Fashion-MNIST table (Li et al., ICDE 2022), measured with fedkit.
+
+    python benchmarks/niid_bench.py --root data/fmnist [--seeds 42] [--parallel 2]
+
+Runs ``niid-fmnist-<method>`` (FedAvg, SCAFFOLD, FedProx μ 0.01, FedNova: 10 clients, all
+of them every round, 50 rounds of 10 local epochs, batch 64, SGD lr 0.01 with momentum
+0.9, the paper's CNN) on five partitions: ``iid``, ``dirichlet-0.5`` (NIID-Bench's capped
+Dirichlet, at least 10 images a client) and ``labels-1``, ``labels-2``, ``labels-3``
+(#C = k labels per client). Each cell is one ``fedkit run`` in ``--out``; a killed cell
+resumes from its checkpoint the next time. A finished cell appends
+``{"method", "partition", "seed", "accuracy"}`` (final global test accuracy, %) to
+``benchmarks/results/niid_bench_fmnist.jsonl``; cells already there are skipped. At the
+end (and with ``--table`` alone) it prints the measured table beside Flower's baseline
+(adap/flower, baselines/niid_bench, seed 42) and the paper's Table III.
+
+A cell takes about 30 minutes on 2 cores of this machine (36 s a round); with
+``--parallel 2`` two cells run at once with one thread each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "niid_bench_fmnist.jsonl"
+METHODS = ("fedavg", "scaffold", "fedprox", "fednova")
+NAMES = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "fedprox": "FedProx", "fednova": "FedNova"}
+PARTITIONS = {
+    "iid": ["data.partition={name: iid}"],
+    "dirichlet-0.5": ["data.partition={name: dirichlet, alpha: 0.5, min_size: 10, cap: true}"],
+    "labels-1": ["data.partition={name: labels_per_client, k: 1}"],
+    "labels-2": ["data.partition={name: labels_per_client, k: 2}"],
+    "labels-3": ["data.partition={name: labels_per_client, k: 3}"],
+}
+FLOWER = {  # adap/flower baselines/niid_bench/README.md, Fashion-MNIST, seed 42
+    "iid": (89.0, 89.5, 89.5, 89.3),
+    "dirichlet-0.5": (88.4, 88.4, 88.6, 88.1),
+    "labels-1": (10.0, 10.0, 38.0, 11.1),
+    "labels-2": (81.0, 10.0, 78.8, 70.5),
+    "labels-3": (83.2, 84.2, 82.5, 83.2),
+}
+FLOWER_ORDER = ("fedavg", "scaffold", "fedprox", "fednova")
+PAPER = {  # NIID-Bench, Table III, FMNIST rows (mean over 3 runs), FedAvg/FedProx/SCAFFOLD/FedNova
+    "iid": (89.3, 89.1, 89.8, 89.3),
+    "dirichlet-0.5": (86.1, 86.6, 86.8, 86.4),
+    "labels-1": (11.2, 28.9, 12.8, 14.8),
+    "labels-2": (77.3, 74.9, 42.8, 78.9),
+    "labels-3": (80.7, 82.5, 77.7, 80.4),
+}
+PAPER_ORDER = ("fedavg", "fedprox", "scaffold", "fednova")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of the results file (a line cut short by a kill is skipped)."""
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
+def append_row(path: Path, row: dict) -> None:
+    """One whole line, written and flushed to disk in one call."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(row) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def cell_command(method: str, partition: str, seed: int, args: argparse.Namespace) -> list[str]:
+    fedkit = str(Path(sys.executable).with_name("fedkit"))
+    out = args.out / f"{method}-{partition}-s{seed}"
+    if (out / "recipe.yaml").exists():
+        return [fedkit, "run", "--resume", str(out), "--quiet", "--no-report"]
+    sets = [f"data.root={args.root}", f"seed={seed}", *PARTITIONS[partition]]
+    if args.rounds:
+        sets.append(f"federation.rounds={args.rounds}")
+    cmd = [fedkit, "run", f"niid-fmnist-{method}", "--out", str(out), "--quiet", "--no-report"]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def final_accuracy(out: Path) -> tuple[float, float]:
+    """The last round's global test accuracy (%) and the run's wall time."""
+    summary = json.loads((out / "summary.json").read_text())
+    return round(100 * summary["final"]["test_accuracy"], 2), summary.get("seconds", 0.0)
+
+
+def run_cells(
+    cells: list[tuple[str, str, int]],
+    args: argparse.Namespace,
+    command: Callable[..., list[str]],
+    row_of: Callable[[tuple[str, str, int]], dict],
+) -> None:
+    """Run the cells, ``args.parallel`` at a time with the threads split between them,
+    appending ``row_of(cell)`` for each finished one (a failed one is left to resume)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.parallel))}
+    pending, running = list(cells), {}
+    while pending or running:
+        while pending and len(running) < args.parallel:
+            cell = pending.pop(0)
+            print(f"start {cell}", flush=True)
+            running[cell] = subprocess.Popen(command(*cell, args), env=env)
+        time.sleep(2)
+        for cell, process in list(running.items()):
+            if process.poll() is None:
+                continue
+            del running[cell]
+            if process.returncode != 0:
+                print(f"{cell}: fedkit run exited {process.returncode}; rerun to resume it")
+                continue
+            row = row_of(cell)
+            append_row(args.results, row)
+            print(f"done {cell}: {row}", flush=True)
+
+
+def niid_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict:
+    method, partition, seed = cell
+    accuracy, seconds = final_accuracy(args.out / f"{method}-{partition}-s{seed}")
+    row = {"method": method, "partition": partition, "seed": seed, "accuracy": accuracy}
+    return {**row, "rounds": args.rounds or 50, "seconds": seconds}
+
+
+def table(rows: list[dict]) -> str:
+    """Measured mean (± std over seeds, n) beside Flower's and the paper's numbers."""
+    lines = [
+        "| partition | method | fedkit | n | Flower | paper | fedkit − Flower |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for partition in PARTITIONS:
+        for method in METHODS:
+            found = [
+                r["accuracy"] for r in rows if (r["method"], r["partition"]) == (method, partition)
+            ]
+            flower = FLOWER[partition][FLOWER_ORDER.index(method)]
+            paper = PAPER[partition][PAPER_ORDER.index(method)]
+            if found:
+                mean = statistics.fmean(found)
+                spread = f" ± {statistics.stdev(found):.1f}" if len(found) > 1 else ""
+                ours, gap = f"{mean:.1f}{spread}", f"{mean - flower:+.1f}"
+            else:
+                ours, gap = "–", ""
+            lines.append(
+                f"| {partition} | {NAMES[method]} | {ours} | {len(found)} | {flower:.1f} "
+                f"| {paper:.1f} | {gap} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path("data/fmnist"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42])
+    parser.add_argument("--extra-seeds", type=int, nargs="*", default=[],
+                        help="more seeds, for the dirichlet-0.5 row only")  # fmt: skip
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--partitions", nargs="+", default=list(PARTITIONS), choices=PARTITIONS)
+    parser.add_argument("--parallel", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=None, help="a shorter trial (own file)")
+    parser.add_argument("--out", type=Path, default=Path("runs/niid-bench"))
+    parser.add_argument("--results", type=Path, default=None)
+    parser.add_argument("--table", action="store_true", help="only print the table")
+    args = parser.parse_args()
+    if args.results is None:
+        suffix = f"-r{args.rounds}" if args.rounds else ""
+        args.results = RESULTS.with_name(f"niid_bench_fmnist{suffix}.jsonl")
+    if args.rounds:
+        args.out = args.out.with_name(f"{args.out.name}-r{args.rounds}")
+    if not args.table:
+        done = {(r["method"], r["partition"], r["seed"]) for r in read_rows(args.results)}
+        cells = [(m, p, s) for s in args.seeds for p in args.partitions for m in args.methods]
+        cells += [(m, "dirichlet-0.5", s) for s in args.extra_seeds for m in args.methods]
+        todo = [c for c in dict.fromkeys(cells) if c not in done]
+        print(f"{len(todo)} cells to run ({len(cells) - len(todo)} already in {args.results})")
+        run_cells(todo, args, cell_command, lambda cell: niid_row(cell, args))
+    print(table(read_rows(args.results)))
+
+
+if __name__ == "__main__":
+    main()
