@@ -42,20 +42,13 @@ RECIPES = {
 
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_ray_gives_the_same_metrics_as_sequential(ray_cluster, name):
-    seq_rows, seq_pool = run_all(RECIPES[name], "sequential")
-    ray_rows, ray_pool = run_all(RECIPES[name], "ray")
-    assert ray_rows == seq_rows
-    assert same_pools(ray_pool, seq_pool)
-
-
-def test_clients_compute_at_the_recipes_thread_count_whatever_the_drivers(ray_cluster):
-    """A driver at two threads (the default on 2 cores) runs its clients at
-    ``engine.num_cpus`` (1) threads, as Ray's actors do: the same numbers."""
+    """With the driver at two threads (the default on 2 cores): clients compute at
+    ``engine.num_cpus`` (1) threads sequentially, as Ray's actors do."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        seq_rows, seq_pool = run_all(RECIPES["fedavg"], "sequential")
-        ray_rows, ray_pool = run_all(RECIPES["fedavg"], "ray")
+        seq_rows, seq_pool = run_all(RECIPES[name], "sequential")
+        ray_rows, ray_pool = run_all(RECIPES[name], "ray")
         assert torch.get_num_threads() == 2  # the server's side keeps the process's count
     finally:
         torch.set_num_threads(before)
