@@ -145,3 +145,20 @@ def test_a_non_finite_upload_is_refused_on_the_client_so_only_its_download_is_bo
             assert entry["down_model"] > 0
         else:
             assert entry["up_model"] > 0
+
+
+def test_a_retried_client_is_kept_in_failures_jsonl_as_a_trace(tmp_path):
+    """An executor that ran a job again (a Ray worker died) marks the answer; the round
+    keeps it, and failures.jsonl records it as retried, not as a failure."""
+    out = tmp_path / "run"
+    run = runs.start(validate(recipe()), out)
+    row = run_round(run, 1)
+    row["retried"] = {"2": "its worker died: the actor exited"}
+    runs.commit(run, out, [row], 1)
+    (trace,) = logs.read_failures(out)
+    assert trace == {
+        "round": 1,
+        "client": 2,
+        "error": "its worker died: the actor exited",
+        "retried": True,
+    }

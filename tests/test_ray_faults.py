@@ -40,6 +40,9 @@ def test_a_dead_worker_is_replaced_and_its_client_retried(ray_cluster):
     assert sum(draw(validate(raw).faults, 0, 1, c) == "crash" for c in range(3)) == 1
     crashed_rows, crashed_pool = run_all(raw, "ray")
     plain_rows, plain_pool = run_all({**raw, "faults": {}}, "sequential")
+    (crashed,) = (c for c in range(3) if draw(validate(raw).faults, 0, 1, c) == "crash")
+    trace = crashed_rows[0].pop("retried")  # the retry leaves a trace, nothing else
+    assert list(trace) == [str(crashed)] and "its worker died" in trace[str(crashed)]
     assert crashed_rows == plain_rows  # the crashed client was retried and answered
     assert same_pools(crashed_pool, plain_pool)
 

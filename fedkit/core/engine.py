@@ -264,6 +264,9 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     metrics.update(summarise(results))
     if failures:
         metrics["failures"] = {str(f.client): f"{f.failure}: {f.error}" for f in failures}
+    retried = {str(r.client): r.retried for r in results if r.retried}
+    if retried:  # answered on a second attempt: kept as a trace, in failures.jsonl too
+        metrics["retried"] = retried
     roster = server.roster
     metrics["clusters"] = {
         str(c): roster[c].cluster for c in sampled if roster[c].cluster is not None

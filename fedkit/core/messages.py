@@ -74,7 +74,8 @@ class ClientResult:
     """What one client sends back: its upload, weight (sample count), chosen cluster,
     the clusters it fetched (for the ledger) and its metrics (JSON values). A client that
     failed sends ``failure`` (its kind: exception, non-finite, timeout, dropout, crash)
-    and ``error`` instead of an upload."""
+    and ``error`` instead of an upload. ``retried``: why a first attempt died, when an
+    executor ran the job again and this is the second attempt's answer."""
 
     client: int
     cluster: int
@@ -84,6 +85,7 @@ class ClientResult:
     metrics: dict[str, Any]
     failure: str | None = None
     error: str = ""
+    retried: str = ""
 
     @classmethod
     def failed(cls, client: int, kind: str, error: str, fetched: list[int] = ()) -> ClientResult:

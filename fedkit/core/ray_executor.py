@@ -209,6 +209,7 @@ class RayExecutor:
         queue, idle = deque(jobs), []
         starting = {actor.pid.remote(): actor for actor in self.actors}
         running: dict[Any, tuple[ClientJob, Any, float]] = {}
+        died: dict[int, str] = {}  # why a client's first attempt died, for its retry
         while queue or running:
             while queue and idle:
                 job, actor = queue.popleft(), idle.pop()
@@ -233,6 +234,7 @@ class RayExecutor:
                 self.replace(actor, starting)
                 if job.attempt == 0:
                     job.attempt = 1
+                    died[job.client] = f"its worker died: {str(exc).splitlines()[0]}"
                     queue.appendleft(job)
                     continue
                 yield ClientResult.failed(job.client, "crash", f"its worker died twice: {exc}")
@@ -240,6 +242,7 @@ class RayExecutor:
             idle.append(actor)
             if result.failure is None and staged:
                 ray.get(self.store.commit.remote((job.client, job.round, job.attempt)))
+            result.retried = died.get(job.client, "")
             yield result
 
     def _abandon_overdue(

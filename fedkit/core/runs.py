@@ -219,6 +219,10 @@ def commit(run: Run, out: Path, rows: list[dict[str, Any]], round: int) -> None:
         {"round": row["round"], "client": int(cid), "error": error}
         for row in rows
         for cid, error in row.get("failures", {}).items()
+    ] + [
+        {"round": row["round"], "client": int(cid), "error": error, "retried": True}
+        for row in rows
+        for cid, error in row.get("retried", {}).items()
     ]
     append_logs(
         out,
