@@ -4,6 +4,7 @@ helpers plugin authors use too), spies on what crosses, fast enough for CI."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ torch.set_num_threads(int(os.environ.get("FEDKIT_TEST_THREADS", "1")))
 # Runs in tests skip the end-of-run report (a second or two each, matplotlib);
 # tests/test_reports.py asks for it with --report.
 os.environ["FEDKIT_REPORT"] = "0"
+# The plugins listing's cache stays out of the user's home during tests.
+os.environ.setdefault("FEDKIT_CACHE_DIR", tempfile.mkdtemp(prefix="fedkit-test-cache-"))
 
 
 @pytest.fixture(scope="module")

@@ -192,3 +192,30 @@ def test_log_format_jsonl_prints_one_json_object_per_line(tmp_path, write_recipe
     assert events[-1]["run_dir"] == str(out) and events[-1]["final"] == rows[-1]
     bad = runner.invoke(app, ["run", "quickstart", "--log-format", "xml"])
     assert bad.exit_code == 2 and "rich or jsonl" in bad.output
+
+
+def test_the_plugins_listing_is_cached_until_a_plugin_changes(tmp_path, monkeypatch):
+    from fedkit.cli import plugin_cache
+    from fedkit.plugin.entrypoints import discover as installed
+
+    monkeypatch.setenv("FEDKIT_CACHE_DIR", str(tmp_path))
+    first = runner.invoke(app, ["plugins"])
+    assert first.exit_code == 0 and plugin_cache.cache_file().is_file()
+    saved = json.loads(plugin_cache.cache_file().read_text())
+    saved["rows"] = [["cached-row", "", "", "", "", "", ""]]
+    plugin_cache.cache_file().write_text(json.dumps(saved))
+    assert "cached-row" in runner.invoke(app, ["plugins"]).output  # used, not recomputed
+    assert "cached-row" not in runner.invoke(app, ["plugins", "--check"]).output
+    saved["key"][1][-1] = [0, 0]  # a plugin file of another size and time
+    plugin_cache.cache_file().write_text(json.dumps(saved))
+    again = runner.invoke(app, ["plugins"]).output
+    assert "cached-row" not in again and "fedavg" in again
+    assert plugin_cache.key(installed()) == json.loads(plugin_cache.cache_file().read_text())["key"]
+
+
+def test_a_cached_plugins_listing_imports_no_torch(tmp_path):
+    env = {**__import__("os").environ, "FEDKIT_CACHE_DIR": str(tmp_path)}
+    cmd = [sys.executable, "-X", "importtime", "-m", "fedkit", "plugins"]
+    subprocess.run(cmd, env=env, capture_output=True, check=True)  # fills the cache
+    imports = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stderr
+    assert " torch\n" not in imports and "timm" not in imports

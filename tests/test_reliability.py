@@ -500,17 +500,17 @@ def test_run_files_have_the_mode_an_ordinary_write_gives(tmp_path):
 def test_two_packages_registering_one_plugin_name_are_refused_naming_both(monkeypatch):
     from importlib.metadata import EntryPoint
 
-    from fedkit.plugin import registry
+    from fedkit.plugin import entrypoints
 
     mine = EntryPoint("fedavg", "my_fedavg.plugin:FedAvg", "fedkit")
-    real = registry.entry_points
+    real = entrypoints.entry_points
 
     def doubled(group: str):
         return [*real(group=group), mine]
 
-    monkeypatch.setattr(registry, "entry_points", doubled)
+    monkeypatch.setattr(entrypoints, "entry_points", doubled)
     with pytest.raises(FedkitError, match="fedkit_plugins.fedavg:FedAvg.*my_fedavg.plugin"):
-        registry.discover()
+        entrypoints.discover()
     for args in (["plugins"], ["plugins", "--check"], ["run", "quickstart", "--out", "x"]):
         result = invoke(*args)
         assert result.exit_code == 2 and "two installed packages" in result.output, args

@@ -480,6 +480,44 @@ def eval_(
     print(json.dumps(metrics))
 
 
+def plugin_rows(
+    entry_points: dict[str, Any], check: bool
+) -> tuple[list[list[str]], list[str], bool]:
+    """The listing's rows (importing every plugin), the authoring findings with
+    ``check``, and whether a plugin could not be imported."""
+    from fedkit.plugin import registry
+    from fedkit.plugin.authoring import check_entry_points, check_plugin
+
+    loaded, findings = check_entry_points(entry_points)
+    registered = registry.collect(loaded)
+    provides: dict[str, list[str]] = {}
+    for kind in registered.kinds().values():
+        for entry in kind.entries.values():
+            provides.setdefault(entry.plugin, []).append(f"{kind.kind} {entry.name}")
+    rows = []
+    for name, ep in entry_points.items():
+        if name not in loaded:
+            dist = ep.dist
+            package = f"{dist.name} {dist.version}" if dist else "?"
+            rows.append([name, package, "", "", "", "", "[red]broken: cannot be imported[/]"])
+            continue
+        info = registry.describe(ep)
+        sides = info.hooks_by_side()
+        rows.append(
+            [
+                name,
+                f"{info.package} {info.version}",
+                ", ".join(sides["server"]),
+                ", ".join(sides["client"]),
+                ", ".join(provides.get(name, [])),
+                "yes" if info.uploads_data_derived else "no",
+                info.summary,
+            ]
+        )
+        findings += check_plugin(name, loaded[name]) if check else []
+    return rows, findings, len(loaded) < len(entry_points)
+
+
 @app.command("plugins")
 def list_plugins(
     check: Annotated[
@@ -487,40 +525,26 @@ def list_plugins(
     ] = False,
 ) -> None:
     """List installed plugins: package, hooks, what they register (data sets,
-    partitioners, executors, stores), and whether they upload data-derived tensors."""
-    from fedkit.plugin import registry
-    from fedkit.plugin.authoring import check_entry_points, check_plugin
+    partitioners, executors, stores), and whether they upload data-derived tensors.
+    While no installed plugin changed, the listing comes from a cache, without importing
+    the plugins (or torch); --check always imports and checks them."""
+    from fedkit.cli import plugin_cache
+    from fedkit.plugin.entrypoints import discover
 
     table = Table(title="fedkit plugins")
     columns = ("plugin", "package", "server hooks", "client hooks", "registers", "data-derived")
     for column in (*columns, "summary"):
         table.add_column(column, overflow="fold")
     with friendly_errors():
-        entry_points = registry.discover()
-        loaded, findings = check_entry_points(entry_points)
-        registered = registry.collect(loaded)
-    provides: dict[str, list[str]] = {}
-    for kind in registered.kinds().values():
-        for entry in kind.entries.values():
-            provides.setdefault(entry.plugin, []).append(f"{kind.kind} {entry.name}")
-    for name, ep in entry_points.items():
-        if name not in loaded:
-            dist = ep.dist
-            package = f"{dist.name} {dist.version}" if dist else "?"
-            table.add_row(name, package, "", "", "", "", "[red]broken: cannot be imported[/]")
-            continue
-        info = registry.describe(ep)
-        sides = info.hooks_by_side()
-        table.add_row(
-            name,
-            f"{info.package} {info.version}",
-            ", ".join(sides["server"]),
-            ", ".join(sides["client"]),
-            ", ".join(provides.get(name, [])),
-            "yes" if info.uploads_data_derived else "no",
-            info.summary,
-        )
-        findings += check_plugin(name, loaded[name]) if check else []
+        entry_points = discover()
+        rows = None if check else plugin_cache.load(entry_points)
+        findings: list[str] = []
+        if rows is None:
+            rows, findings, broken = plugin_rows(entry_points, check)
+            if not broken:
+                plugin_cache.save(entry_points, rows)
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     for finding in findings if check else []:
         errors.print(f"[bold red]error:[/] {finding}", highlight=False, soft_wrap=True)

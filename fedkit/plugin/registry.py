@@ -14,7 +14,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from typing import Any, Generic, TypeVar
 
 import pluggy
@@ -22,32 +22,10 @@ import pluggy
 from fedkit.data.datasets import Dataset
 from fedkit.errors import FedkitError, RecipeError, did_you_mean
 from fedkit.plugin import hookspecs
+from fedkit.plugin.entrypoints import discover
 from fedkit.plugin.markers import PROJECT
 
-GROUP = "fedkit"
 T = TypeVar("T")
-
-
-def discover() -> dict[str, EntryPoint]:
-    """Every installed plugin by name, from the ``fedkit`` entry-point group. Two
-    packages registering the same name are refused, naming both: which one a recipe
-    got would otherwise depend on the order Python found them in."""
-    found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=GROUP):
-        other = found.get(ep.name)
-        if other is not None and other.value != ep.value:
-            raise FedkitError(
-                f"two installed packages register the fedkit plugin {ep.name!r}: "
-                f"{_package(other)} ({other.value}) and {_package(ep)} ({ep.value}); "
-                "uninstall one, or rename its entry point"
-            )
-        found[ep.name] = ep
-    return found
-
-
-def _package(ep: EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    return getattr(dist, "name", None) or "a package"
 
 
 def installed(plugin: Any) -> bool:
