@@ -23,7 +23,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedkit import ClientContext, Objective, PluginOptions, hookimpl
-from fedkit.training import make_optimizer, run_loop, supervised_objective
+from fedkit.training import make_optimizer, run_loop, split_loss, supervised_objective
 
 PERSONAL = "ditto.v."
 
@@ -66,8 +66,7 @@ class Ditto:
         base = supervised_objective(ctx, personal)
 
         def loss(m: nn.Module, batch) -> Tensor:
-            value = base.loss(m, batch)
-            value = value[0] if isinstance(value, tuple) else value  # (loss, outputs)
+            value, _ = split_loss(base.loss(m, batch))
             pull = sum((p - anchor[n]).pow(2).sum() for n, p in m.named_parameters() if n in anchor)
             return value + 0.5 * lam * pull
 

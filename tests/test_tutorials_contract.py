@@ -1,5 +1,6 @@
-"""Executes the tutorials of the contract-v2 plugins (fedprox, scaffold, fednova, fedbn,
-fedopt, dp, fedema), shrunk to tiny settings, and checks what each says the run directory shows."""
+"""Executes the tutorials of the contract-v2 plugins (fedprox, scaffold, fednova, the
+personalisation baselines, fedbn, fedopt, dp, fedema), shrunk to tiny settings, and checks
+what each says the run directory shows."""
 
 from __future__ import annotations
 
@@ -76,6 +77,20 @@ def test_fednova_tutorial(tmp_path, monkeypatch):
     assert not any("fednova" in k for k in final_pool(runs / "fednova"))
     assert all(row["up_aux"] == 0 for row in ledger(runs / "fedavg-niid"))
     assert [r["round"] for r in read_metrics(runs / "fednova")] == [1, 2]
+
+
+def test_personalization_tutorial(tmp_path, monkeypatch):
+    def tiny(args: list[str]) -> list[str]:  # test_resnet takes no batch_norm argument
+        fresh = args[0] == "run" and "--resume" not in args
+        return with_settings(args, [*TINY, "backbone.kwargs={}"] if fresh else [])
+
+    run_tutorial(TUTORIALS / "personalization.md", tiny, tmp_path, monkeypatch)
+    runs = tmp_path / "runs"
+    for name in ("pfl-fedavg", "pfl-ft", "pfl-ditto", "pfl-fedrep", "pfl-fedbabu"):
+        assert "personalized_accuracy" in read_metrics(runs / name)[-1], name
+    assert not any(k.startswith("classifier.") for k in final_pool(runs / "pfl-fedrep"))
+    assert all(r["up_aux"] == r["up_data"] == 0 for r in ledger(runs / "pfl-ditto"))
+    assert (runs / "pfl-compare" / "compare.html").is_file()
 
 
 def test_fedbn_tutorial(tmp_path, monkeypatch):

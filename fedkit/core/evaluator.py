@@ -94,13 +94,17 @@ class Evaluator:
     def monitor(self, server: Server) -> dict[str, Any]:
         """The kNN monitor of cluster 0's encoder on the pooled client images
         (``knn_accuracy``), whatever the recipe's protocol."""
+        return self._encoder_scores(server, "knn")
+
+    def _encoder_scores(self, server: Server, protocol: str) -> dict[str, Any]:
+        """Cluster 0's encoder scored with ``protocol`` on the pooled client images."""
         if self._pooled is None:
             return {}
         cfg, device = self.recipe.evaluation, server.device
         with torch.enable_grad():
             encoder = server.model(0)["encoder"]
             return score_encoder(
-                encoder, self._pooled, self.test, "knn", cfg, self.recipe.seed, device
+                encoder, self._pooled, self.test, protocol, cfg, self.recipe.seed, device
             )
 
     def global_model(self, server: Server) -> dict[str, Any]:
@@ -112,10 +116,6 @@ class Evaluator:
                 return {}
             scores = supervised_scores(server.model(0), self.test, device, ("accuracy",))
             return {"test_accuracy": scores.get("accuracy", 0.0)}
-        if cfg.protocol in REPRESENTATION and self._pooled is not None:
-            with torch.enable_grad():
-                encoder = server.model(0)["encoder"]
-                return score_encoder(
-                    encoder, self._pooled, self.test, cfg.protocol, cfg, self.recipe.seed, device
-                )
+        if cfg.protocol in REPRESENTATION:
+            return self._encoder_scores(server, cfg.protocol)
         return {}

@@ -2,7 +2,7 @@
 optimiser and learning-rate schedule, the supervised objective, precision and layout."""
 
 from fedkit.training.batching import batches, labelled_batches, normalize, transfer
-from fedkit.training.loop import LoopResult, NonFiniteLoss, Objective, run_loop
+from fedkit.training.loop import LoopResult, NonFiniteLoss, Objective, run_loop, split_loss
 from fedkit.training.optim import make_optimizer, round_lr
 from fedkit.training.supervised import (
     accuracy,
@@ -25,6 +25,7 @@ __all__ = [
     "normalize",
     "round_lr",
     "run_loop",
+    "split_loss",
     "supervised_loss",
     "supervised_objective",
     "transfer",
