@@ -83,3 +83,21 @@ def test_random_phase_without_broadcast_sends_only_the_chosen_model(encoder_file
     }
     total, size = ledger_total(plugin)
     assert total == 2 * ROUNDS * SAMPLED * size
+
+
+def test_client_side_evaluation_books_the_state_each_client_is_sent() -> None:
+    """Each evaluated client receives its cluster's state: one model per client and
+    evaluated round, booked as ``eval`` (scores come back unbooked); train traffic is
+    as without evaluation."""
+    raw = tiny("fedavg").model_dump(mode="json")
+    raw["data"]["local_test_size"] = 10
+    raw["evaluation"] = {"protocol": "supervised", "every": 2}
+    run = prepare(validate(raw))
+    size = tensor_bytes(run.server.pool[0].values())
+    rows = [run_round(run, r) for r in range(1, ROUNDS + 1)]
+    assert [row["bytes"]["eval_model"] for row in rows] == [0, CLIENTS * size]
+    assert all(row["bytes"]["eval_aux"] == row["bytes"]["eval_data"] == 0 for row in rows)
+    booked = {c: row["eval_model"] for (r, c), row in run.server.ledger.rows.items() if r == 2}
+    assert booked == dict.fromkeys(range(CLIENTS), size)
+    totals = run.server.ledger.totals()
+    assert totals["total"] - totals["eval_model"] == 2 * ROUNDS * SAMPLED * size

@@ -17,6 +17,7 @@ from test_resume import checkpoint_round, fedkit
 
 from fedkit.config.schema import validate
 from fedkit.core import runs
+from fedkit.core.engine import prepare, run_round
 from fedkit.core.faults import draw
 from fedkit.rundir import checkpoint, logs
 from fedkit.seeding import derive
@@ -60,6 +61,26 @@ def test_a_client_past_its_deadline_is_abandoned(ray_cluster):
     assert len(rows[0]["per_client"]) + len(failures) == 4
     assert time.monotonic() - began < 150  # nobody waited for the 300 s straggler
     assert all(bool(torch.isfinite(v).all()) for v in pool[0].values() if v.is_floating_point())
+
+
+def test_a_worker_killed_between_rounds_is_replaced_before_the_next(ray_cluster):
+    """A worker process that dies while idle (here after round 1) is found dead when the
+    next round checks its actors, and replaced: the run goes on, with the numbers of a
+    run nobody killed (the soak in test_chaos_soak found this)."""
+    raw = tiny_recipe(federation={"rounds": 2, "clients_per_round": 3})
+    raw["engine"] = {"executor": "ray", "workers": 1}
+    run = prepare(validate(raw))
+    try:
+        rows = [run_round(run, 1)]
+        (actor,) = run.executor.actors
+        os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
+        rows.append(run_round(run, 2))
+        assert run.executor.actors[0] is not actor
+        pool = [dict(s) for s in run.server.pool]
+    finally:
+        run.close()
+    plain_rows, plain_pool = run_all(raw, "sequential")
+    assert rows == plain_rows and same_pools(pool, plain_pool)
 
 
 def kill_and_resume(
@@ -119,3 +140,37 @@ def test_sigkill_at_random_moments_then_resume_matches(ray_cluster, write_recipe
         assert read(killed) == read(full)
     a, b = (checkpoint.read(out).pool for out in (full, killed))
     assert a.keys() == b.keys() and all(same_pools([a[k]], [b[k]]) for k in a)
+
+
+class DiesOnEvaluate:
+    """An actor handle whose first ``evaluate`` call kills the actor's process just after
+    the call is sent, as a worker that dies mid-evaluation."""
+
+    def __init__(self, actor) -> None:
+        self.actor, self.pid, self.run, self.evaluate = actor, actor.pid, actor.run, self
+        self.process = ray.get(actor.pid.remote())
+
+    def remote(self, *args):
+        ref = self.actor.evaluate.remote(*args)
+        os.kill(self.process, signal.SIGKILL)
+        return ref
+
+
+def test_a_worker_that_dies_mid_evaluation_has_its_client_evaluated_again(ray_cluster):
+    """Evaluation changes nothing, so a retry on a fresh actor scores exactly what the
+    first attempt would have: the row equals a sequential run's but for the trace (the
+    soak in test_chaos_soak found rows that lost a client's scores)."""
+    raw = tiny_recipe(federation={"rounds": 1, "clients_per_round": 3})
+    raw["engine"] = {"executor": "ray", "workers": 1}
+    run = prepare(validate(raw))
+    try:
+        run.executor.actors[0] = DiesOnEvaluate(run.executor.actors[0])
+        row = run_round(run, 1)
+        assert not isinstance(run.executor.actors[0], DiesOnEvaluate)  # replaced
+    finally:
+        run.close()
+    trace = row.pop("eval_retried")
+    assert len(trace) == 1 and "its worker died" in next(iter(trace.values()))
+    assert "eval_failures" not in row
+    (plain,), _ = run_all(raw | {"engine": {}}, "sequential")
+    assert row == plain

@@ -106,12 +106,23 @@ def node(
         float,
         typer.Option(help="Longest wait of the idle SuperNode between asks for messages (s)."),
     ] = 0.2,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="This site's own images (an ImageFolder, optionally with train/ and test/), "
+            "instead of its partition of the recipe's data set.",
+        ),
+    ] = None,
 ) -> None:
     """Start one site: Flower's SuperNode and fedkit's process that runs its client."""
     tool("flower-supernode")  # the flower extra is installed, or a clear error
     from fedkit.flower.runner import serve
 
     folder = dir.expanduser().resolve()
+    site = data.expanduser().resolve() if data is not None else None
+    if site is not None and not site.is_dir():
+        raise typer.BadParameter(f"{data} is not a directory of class folders", param_hint="--data")
     local = port or free_port()
     command = [
         sys.executable, "-m", "fedkit.flower.supernode", "--superlink", superlink,
@@ -135,7 +146,7 @@ def node(
     signal.signal(signal.SIGTERM, stop)
     threading.Thread(target=watch, daemon=True).start()
     try:
-        serve(f"127.0.0.1:{local}", partition, folder)
+        serve(f"127.0.0.1:{local}", partition, folder, site=site)
     except KeyboardInterrupt:
         pass
     finally:

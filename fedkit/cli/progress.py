@@ -46,6 +46,9 @@ def round_line(metrics: dict[str, Any], rounds: int) -> str:
     if sent:
         parts.append(f"up {human_bytes(sent['up_model'] + sent['up_data'])}")
         parts.append(f"down {human_bytes(sent['down_model'] + sent['down_data'])}")
+        scored = sum(sent.get(f"eval_{c}", 0) for c in ("model", "aux", "data"))
+        if scored:
+            parts.append(f"eval {human_bytes(scored)}")
     return "  ".join(parts)
 
 

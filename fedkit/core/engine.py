@@ -181,7 +181,7 @@ def restore(run: Run, snapshot: Snapshot) -> None:
     manifest = {int(cid): entry for cid, entry in snapshot.sidecar["clients"].items()}
     run.executor.adopt(snapshot.root / MEMORIES, manifest)
     server.ledger.rows.clear()
-    server.ledger.flushed = dict(snapshot.sidecar["ledger"])
+    server.ledger.restore(snapshot.sidecar["ledger"])
     set_rng_states(snapshot.sidecar["rng"])
     server.round = snapshot.round
 
@@ -271,10 +271,10 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     metrics["clusters"] = {
         str(c): roster[c].cluster for c in sampled if roster[c].cluster is not None
     }
-    metrics["bytes"] = server.ledger.totals(round)
     plugins.call("round_end", server=server)
     aggregated = time.perf_counter()
     metrics.update(evaluate_round(run, round))
+    metrics["bytes"] = server.ledger.totals(round)
     plugins.call("round_logged", server=server, metrics=metrics)
     ended = time.perf_counter()
     run.times = {
@@ -318,6 +318,7 @@ def evaluate_round(run: Run, round: int) -> dict[str, Any]:
         for cid in evaluation_clients(run, round):
             cluster = server.roster[cid].cluster or 0
             asks.append(EvalJob(round, cid, cluster, offers[cluster], scores))
+            server.ledger.record(round, cid, "eval", offers[cluster])
         metrics.update(evaluation_entries(list(run.executor.evaluate(asks))))
     with precision.compute(run.recipe, server.device), torch.no_grad():
         run.plugins.call("evaluate", server=server, round=round)

@@ -1,6 +1,8 @@
 """The communication and privacy ledger: every byte between clients and server.
 
-One row per (round, client): bytes sent down and up, each in three categories:
+One row per (round, client): bytes sent down (the round's job), up (the client's
+upload) and ``eval`` (the state sent to a client to score on its own test data; the
+scores it returns are a few numbers, not booked), each in three categories:
 
 * ``model``: keys of the template model's state dict (parameters and buffers);
 * ``aux``: non-model keys a plugin declared auxiliary (control variates, optimiser state);
@@ -17,7 +19,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 CATEGORIES = ("model", "aux", "data")
-FIELDS = tuple(f"{d}_{c}" for d in ("down", "up") for c in CATEGORIES)
+DIRECTIONS = ("down", "up", "eval")
+FIELDS = tuple(f"{d}_{c}" for d in DIRECTIONS for c in CATEGORIES)
 
 
 class Ledger:
@@ -70,12 +73,17 @@ class Ledger:
     def record(
         self, round: int, client: int, direction: str, tensors: Mapping[str, Tensor]
     ) -> None:
-        """Add a transfer (``direction`` is ``down`` or ``up``), split by category."""
+        """Add a transfer (``direction``: ``down``, ``up`` or ``eval``), split by category."""
         row = self.rows.setdefault(
             (round, client), {"round": round, "client": client, **dict.fromkeys(FIELDS, 0)}
         )
         for key, value in tensors.items():
             row[direction + "_" + self.category(key)] += value.nbytes
+
+    def restore(self, flushed: Mapping[str, int]) -> None:
+        """Take a checkpoint's totals back (a field an older fedkit did not book is 0)."""
+        self.rows.clear()
+        self.flushed = {**dict.fromkeys(FIELDS, 0), **flushed}
 
     def totals(self, round: int | None = None) -> dict[str, int]:
         """Sums over the whole run (or one round not yet flushed), plus ``total``."""

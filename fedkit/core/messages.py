@@ -114,12 +114,14 @@ class EvalJob:
 
 @dataclass
 class EvalResult:
-    """A client's scores of its personal model (JSON numbers), or the reason it failed."""
+    """A client's scores of its personal model (JSON numbers), or the reason it failed;
+    ``retried``: why a first attempt died, when an executor ran it again."""
 
     client: int
     metrics: dict[str, Any]
     failure: str | None = None
     error: str = ""
+    retried: str = ""
 
 
 def read_only(states: Sequence[dict[str, Tensor]]) -> tuple[Mapping[str, Tensor], ...]:

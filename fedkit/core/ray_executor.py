@@ -20,7 +20,7 @@ and reported as a timeout. The deadline counts from the moment a started actor t
 job: an actor's own start (importing torch, building the model) is never charged to a
 client. ``engine.address`` joins an existing cluster (``auto``, ``ray://host:port``);
 without one, a local cluster is started with ``workers × num_cpus`` CPUs and shut down
-when the run ends.
+when the run ends (by ``ray_reaper`` if the run is killed).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from fedkit.core import ray_reaper
 from fedkit.core.executor import Population, StoreSpec, client_threads_count
 from fedkit.core.faults import InjectedCrash
 from fedkit.core.messages import (
@@ -57,6 +58,9 @@ def import_ray() -> Any:
         ) from None
     return ray
 
+
+START_DEATHS = 3
+"""Worker processes that may die in a row before they answer, before a run gives up."""
 
 Staged = tuple[int, int, int]
 """A memory waiting for the driver's word: (client, round, attempt)."""
@@ -142,6 +146,7 @@ class RayExecutor:
         self.timeout = setup.recipe.federation.client_timeout
         workers = cfg.workers or max(1, int((os.cpu_count() or 1) // cfg.num_cpus))
         self.started = not ray.is_initialized()
+        self.reaper = None
         if self.started:
             options: dict[str, Any] = {"log_to_driver": False}
             if cfg.address is not None:
@@ -150,6 +155,7 @@ class RayExecutor:
                 options["include_dashboard"] = False
                 options["num_cpus"] = max(1, int(round(workers * cfg.num_cpus)))
                 options["num_gpus"] = int(round(workers * cfg.num_gpus + 0.4999))
+                self.reaper = ray_reaper.watch()
             try:
                 ray.init(**options)
             except (ConnectionError, TimeoutError) as exc:
@@ -175,6 +181,7 @@ class RayExecutor:
         benchmark = population.benchmark
         self.benchmark_ref = ray.put(benchmark) if benchmark is not None else None
         self.actors = [self._actor() for _ in range(workers)]
+        self.start_deaths = 0
 
     def _actor(self) -> Any:
         return self.remote.remote(self.setup_ref, self.threads, self.store)
@@ -191,12 +198,22 @@ class RayExecutor:
         starting[fresh.pid.remote()] = fresh
 
     def _started(self, ready: Any, starting: dict[Any, Any], idle: list[Any]) -> bool:
-        """Whether ``ready`` was an actor's start: it then joins the idle ones. An actor
-        that cannot start is the setup's error, raised here."""
+        """Whether ``ready`` was an actor's start (or the check, at a call's start, that
+        an actor is alive): it then joins the idle ones. An actor whose set-up raised is
+        the setup's error, raised here; one whose process died (killed while idle or
+        starting) is replaced, up to ``START_DEATHS`` times in a row."""
         if ready not in starting:
             return False
         actor = starting.pop(ready)
-        self.ray.get(ready)
+        try:
+            self.ray.get(ready)
+        except self.ray.exceptions.RayActorError as exc:
+            self.start_deaths += 1
+            if getattr(exc, "actor_init_failed", False) or self.start_deaths > START_DEATHS:
+                raise
+            self.replace(actor, starting)
+            return True
+        self.start_deaths = 0
         idle.append(actor)
         return True
 
@@ -261,7 +278,8 @@ class RayExecutor:
 
     def evaluate(self, jobs: list[EvalJob]) -> Iterator[EvalResult]:
         """Evaluation jobs on whichever actor is free; an actor that dies is replaced and
-        its client's evaluation reported as failed."""
+        its client's evaluation retried once (it changes nothing, so the retry scores
+        exactly what the first attempt would have), then reported as failed."""
         ray = self.ray
         if not jobs:
             return
@@ -269,6 +287,7 @@ class RayExecutor:
         queue, idle = deque(jobs), []
         starting = {actor.pid.remote(): actor for actor in self.actors}
         running: dict[Any, tuple[EvalJob, Any]] = {}
+        died: dict[int, str] = {}  # why a client's first evaluation died, for its retry
         while queue or running:
             while queue and idle:
                 job, actor = queue.popleft(), idle.pop()
@@ -283,9 +302,14 @@ class RayExecutor:
                 result = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
                 self.replace(actor, starting)
-                yield EvalResult(job.client, {}, "crash", f"its worker died: {exc}")
+                if job.client not in died:
+                    died[job.client] = f"its worker died: {str(exc).splitlines()[0]}"
+                    queue.appendleft(job)
+                    continue
+                yield EvalResult(job.client, {}, "crash", f"its worker died twice: {exc}")
                 continue
             idle.append(actor)
+            result.retried = died.get(job.client, "")
             yield result
 
     def persist(self, folder: Path) -> dict[int, dict[str, str]]:
@@ -314,6 +338,7 @@ class RayExecutor:
             pass
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
+        ray_reaper.stop(self.reaper)
 
 
 def _by_cluster(jobs: list[EvalJob]) -> list[EvalJob]:

@@ -55,7 +55,7 @@ def evaluation_entries(results: Sequence[EvalResult]) -> dict[str, Any]:
     """What clients' evaluations add to a round's row: for every numeric score ``m``,
     ``personalized_m`` (the mean over the clients that reported it) and ``client_m`` (each
     client's value), in client-id order; clients whose evaluation failed, under
-    ``eval_failures``."""
+    ``eval_failures``; those answered on a second attempt, under ``eval_retried``."""
     done = sorted((r for r in results if r.failure is None), key=lambda r: r.client)
     names: dict[str, None] = {}
     for r in done:
@@ -72,4 +72,7 @@ def evaluation_entries(results: Sequence[EvalResult]) -> dict[str, Any]:
     failed = sorted((r for r in results if r.failure is not None), key=lambda r: r.client)
     if failed:
         row["eval_failures"] = {str(r.client): f"{r.failure}: {r.error}" for r in failed}
+    retried = {str(r.client): r.retried for r in done if r.retried}
+    if retried:
+        row["eval_retried"] = retried
     return row

@@ -7,7 +7,8 @@ Flower's simulation runs it on Ray actors. A deployment node started by
 ``fedkit.flower.runner``); a SuperNode started by hand in Flower's default subprocess
 isolation runs it once per message, rebuilding the client each time (slow, but the same
 numbers). A node's folder for what its client keeps is its ``fedkit-dir`` node config,
-else the one the server names (a simulation, on the server's machine).
+else the one the server names (a simulation, on the server's machine); a real site's own
+ImageFolder is its ``fedkit-data`` node config (``fedkit.data.site``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ def make_app() -> ClientApp:
     def handle(msg: Message, context: Any) -> Message:
         folder = context.node_config.get("fedkit-dir")
         if folder not in hosts:
-            hosts[folder] = NodeHost(Path(str(folder)) / "memories" if folder else None)
+            site = context.node_config.get("fedkit-data")
+            hosts[folder] = NodeHost(
+                Path(str(folder)) / "memories" if folder else None,
+                site=Path(str(site)) if site else None,
+            )
         partition = int(context.node_config["partition-id"])
         kind = msg.metadata.message_type
         return Message(

@@ -97,7 +97,7 @@ class FlowerExecutor:
         self.dirty: set[int] = set()
         self.wire = {"down": 0, "up": 0}
         self.messages = 0
-        self.nodes = self._setup(setup, store.folder)
+        self.nodes = self._setup(setup, store.folder, population)
         self.client_of = {node: cid for cid, node in self.nodes.items()}
 
     def _send(self, kind: str, contents: dict[int, Any], timeout: float | None = None) -> dict:
@@ -147,17 +147,24 @@ class FlowerExecutor:
             raise FedkitError(f"clients {missing} did not answer within federation.client_timeout")
         return answers
 
-    def _setup(self, setup: ClientSetup, folder: Path | None) -> dict[int, int]:
+    def _setup(
+        self, setup: ClientSetup, folder: Path | None, population: Population
+    ) -> dict[int, int]:
         """Set every node up for this run; which node holds which client (node ids are
-        Flower's random numbers, a node's client is its ``partition-id``)."""
+        Flower's random numbers, a node's client is its ``partition-id``). The setup
+        names the federation's classes and normalisation statistics, for a site that
+        brings its own images (``fedkit.data.site``)."""
 
         recipe = setup.recipe
+        shared = population.clients[0].train
         custom = {n: p for n, p in (setup.available or {}).items() if not installed(p)}
         meta = {
             "action": "setup",
             "token": uuid.uuid4().hex,
             "recipe": recipe.model_dump(mode="json"),
             "folder": str(folder) if folder is not None else None,
+            "classes": list(shared.classes),
+            "stats": [list(shared.mean), list(shared.std)],
             "trusted": sorted(
                 {getattr(p, "__module__", "").split(".")[0] for p in custom.values()}
             ),

@@ -40,6 +40,7 @@ from fedkit.core.faults import InjectedCrash
 from fedkit.core.messages import ClientResult, ClientSetup
 from fedkit.core.worker import Benchmark, Worker
 from fedkit.data.federated import ClientData, build_federated_data
+from fedkit.data.site import load_site
 from fedkit.errors import MissingOffer
 from fedkit.flower.records import (
     categories,
@@ -185,10 +186,17 @@ class NodeHost:
     ``folder`` is where nodes persist memories (a deployment's node folder); ``None``
     takes the folder the server names in its setup (a simulation, on the server's
     machine). ``trusted`` are the packages, besides fedkit's own, whose classes a setup
-    may rebuild; ``None`` trusts the modules the server lists (a simulation only)."""
+    may rebuild; ``None`` trusts the modules the server lists (a simulation only).
+    ``site`` is a real site's own ImageFolder (``fedkit.data.site``): its client trains
+    and evaluates on those images instead of a partition of the recipe's data set."""
 
-    def __init__(self, folder: Path | None = None, trusted: tuple[str, ...] | None = None) -> None:
-        self.folder, self.trusted = folder, trusted
+    def __init__(
+        self,
+        folder: Path | None = None,
+        trusted: tuple[str, ...] | None = None,
+        site: Path | None = None,
+    ) -> None:
+        self.folder, self.trusted, self.site = folder, trusted, site
         self.runs: dict[str, dict[str, Any]] = {}
         self.nodes: dict[tuple[str, int], Node | None] = {}
 
@@ -222,12 +230,18 @@ class NodeHost:
         token = str(state[RUN]["token"])
         if (token, partition) not in self.nodes:
             run = self.run(token, state)
-            recipe, data = run["setup"].recipe, run["data"]
-            self.nodes[token, partition] = (
-                Node(run["worker"], data.client(partition), run["folder"], run["benchmark"])
-                if partition < recipe.data.num_clients
-                else None
-            )
+            recipe = run["setup"].recipe
+            if partition >= recipe.data.num_clients:
+                self.nodes[token, partition] = None
+            elif self.site is not None:
+                classes, (mean, std) = run["meta"]["classes"], run["meta"]["stats"]
+                data = load_site(self.site, recipe.data, partition, classes, mean, std, recipe.seed)
+                self.nodes[token, partition] = Node(run["worker"], data, run["folder"])
+            else:
+                client = run["data"].client(partition)
+                self.nodes[token, partition] = Node(
+                    run["worker"], client, run["folder"], run["benchmark"]
+                )
         return self.nodes[token, partition]
 
     def run(self, token: str, state: RecordDict) -> dict[str, Any]:
@@ -243,11 +257,15 @@ class NodeHost:
         if setup.available is not None:  # the server's own plugins beside the installed ones
             setup.available = {**discover(), **setup.available}
         threads(client_threads_count(recipe))
+        folder = self.folder if self.folder is not None else _path(meta.get("folder"))
+        if self.site is not None:  # a site brings its own images: no shared data set
+            found = {"setup": setup, "worker": Worker(setup), "folder": folder, "meta": meta}
+            self.runs[token] = found
+            return found
         regs = registries(setup.available)
         dataset = regs.datasets.get(recipe.data.dataset)
         partitioner = regs.partitioners.get(recipe.data.partition.name)
         data = build_federated_data(recipe.data, recipe.seed, dataset, partitioner)
-        folder = self.folder if self.folder is not None else _path(meta.get("folder"))
         found: dict[str, Any] = {}
 
         def benchmark() -> Benchmark | None:

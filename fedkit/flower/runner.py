@@ -70,12 +70,14 @@ def serve(
     insecure: bool = True,
     certificates: bytes | None = None,
     stop: Any = None,
+    site: Path | None = None,
 ) -> None:
     """Run the node's ClientApp tasks until ``stop()`` is true (or the process ends).
-    ``address`` is the SuperNode's runtime API; ``partition`` the client it holds."""
+    ``address`` is the SuperNode's runtime API; ``partition`` the client it holds;
+    ``site`` a real site's own ImageFolder (``fedkit.data.site``)."""
 
     quick_pulls()
-    host = NodeHost(folder / "memories", installed_modules())
+    host = NodeHost(folder / "memories", installed_modules(), site)
     tasks = _client(address, insecure, certificates)
     wait = POLL[0]
     try:

@@ -24,6 +24,7 @@ from flwr.serverapp import ServerApp
 from flwr.simulation import run_simulation
 
 from fedkit.config.schema import EngineConfig
+from fedkit.core import ray_reaper
 from fedkit.errors import FedkitError
 from fedkit.flower.clientapp import make_app
 
@@ -56,7 +57,9 @@ class SimulationLink:
         resources = {"num_cpus": engine.num_cpus, "num_gpus": engine.num_gpus}
         config = {"client_resources": resources, "init_args": init}
 
+        self.reaper = None
         if not ray.is_initialized():  # here, in the calling thread, and quietly
+            self.reaper = ray_reaper.watch()
             ray.init(**init, logging_level=logging.ERROR)
 
         def simulate() -> None:
@@ -81,3 +84,4 @@ class SimulationLink:
         """Let the ServerApp return; Flower then stops its nodes and Ray."""
         self.done.set()
         self.thread.join(timeout=120)
+        ray_reaper.stop(self.reaper)

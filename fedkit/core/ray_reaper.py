@@ -1,0 +1,118 @@
+"""The processes of a local Ray cluster end with the run that started them, even a run
+killed by SIGKILL.
+
+``ray.init()`` without an address starts a cluster whose processes are the driver's
+children. A normal exit shuts it down, but after a SIGKILL of the driver Ray's own
+monitoring leaves some behind (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``, still
+alive minutes later). ``watch()`` starts a small reaper process, in a session of its own
+so that a Ctrl-C or a scheduler's signal to the run's process group does not reach it. It
+notes the Ray processes among the driver's descendants every half second and waits on a
+pipe the driver holds; when the pipe closes (the executor's ``close``, or the kernel
+closing it as the driver dies, however it dies) it ends every noted process still
+running: SIGTERM, then SIGKILL after three seconds. It only ever signals processes it
+saw as the driver's descendants running Ray, and psutil's checks keep a reused pid safe.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+POLL_S = 0.5
+GRACE_S = 3.0
+
+
+def watch() -> subprocess.Popen | None:
+    """Start the reaper of the Ray processes this process is about to start. Close its
+    stdin (``stop``) once Ray is shut down; ``None`` where there is no /proc-style process
+    table to read (not POSIX)."""
+    if os.name != "posix":
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedkit.core.ray_reaper", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def stop(reaper: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    """Tell the reaper the driver is done with Ray, and wait until it has ended what
+    remained."""
+    if reaper is None:
+        return
+    try:
+        if reaper.stdin is not None:
+            reaper.stdin.close()
+        reaper.wait(timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
+def _psutil() -> Any:
+    """psutil: installed, or the copy Ray ships in ``ray/thirdparty_files``."""
+    try:
+        import psutil
+    except ImportError:
+        spec = importlib.util.find_spec("ray")
+        if spec is None or not spec.submodule_search_locations:
+            raise
+        sys.path.insert(0, str(Path(list(spec.submodule_search_locations)[0]) / "thirdparty_files"))
+        import psutil
+    return psutil
+
+
+def is_ray(command: list[str]) -> bool:
+    """Whether a command line is one of Ray's processes (a worker renamed ``ray::…``, or
+    a program or script inside the ray package)."""
+    line = " ".join(command)
+    return line.startswith("ray::") or f"{os.sep}ray{os.sep}" in line
+
+
+def main(argv: list[str]) -> None:
+    psutil = _psutil()
+    try:
+        driver = psutil.Process(int(argv[0]))
+    except psutil.NoSuchProcess:
+        return
+    me, checked, noted = os.getpid(), set(), {}
+    while True:
+        try:
+            children = driver.children(recursive=True)
+        except psutil.Error:
+            children = []
+        for child in children:
+            if child.pid in checked or child.pid == me:
+                continue
+            try:
+                if is_ray(child.cmdline()):
+                    noted[child.pid] = child
+                checked.add(child.pid)
+            except psutil.Error:
+                continue
+        ready, _, _ = select.select([sys.stdin], [], [], POLL_S)
+        if ready and not os.read(sys.stdin.fileno(), 4096):
+            break
+    alive = []
+    for process in noted.values():
+        try:
+            process.terminate()
+            alive.append(process)
+        except psutil.Error:
+            continue
+    _, left = psutil.wait_procs(alive, timeout=GRACE_S)
+    for process in left:
+        try:
+            process.kill()
+        except psutil.Error:
+            continue
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,85 @@
+"""The last reliability edges under Ray: what a SIGKILL of the driver leaves behind, and a
+short version of the chaos soak (benchmarks/chaos_soak.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fedkit.config.schema import validate
+from fedkit.core import runs
+from fedkit.core.ray_reaper import _psutil, is_ray
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def test_ray_processes_are_recognised_by_their_command_line():
+    assert is_ray(["ray::DashboardAgent"]) and is_ray(["ray::ClientActor.run"])
+    assert is_ray(["/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "-x"])
+    assert not is_ray(["sleep", "60"]) and not is_ray(["/usr/bin/python3", "-m", "array"])
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the reaper reads a POSIX process table")
+def test_a_sigkilled_driver_takes_its_ray_processes_with_it_and_nothing_else(tmp_path):
+    """A driver that starts the reaper, then one process that looks like Ray's (a program
+    under a ``ray`` folder) and one that does not; after SIGKILL of the driver, the first
+    ends within seconds and the second lives on."""
+    fake = tmp_path / "ray" / "raylet"
+    fake.parent.mkdir()
+    fake.write_text("import time\ntime.sleep(120)\n")
+    script = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from fedkit.core import ray_reaper
+        reaper = ray_reaper.watch()
+        looks = subprocess.Popen([sys.executable, {str(fake)!r}])
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        print(reaper.pid, looks.pid, other.pid, flush=True)
+        time.sleep(120)
+    """)
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    psutil = _psutil()
+    reaper, looks, other = (psutil.Process(int(p)) for p in driver.stdout.readline().split())
+    try:
+        time.sleep(1.5)  # the reaper notes the driver's Ray processes twice a second
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=10)
+        _, alive = psutil.wait_procs([looks, reaper], timeout=15)
+        assert alive == [], alive
+        assert other.is_running()
+    finally:
+        for process in (looks, other, reaper):
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+
+
+def test_chaos_soak_short_ends_identical_with_nothing_left(tmp_path):
+    """Six rounds under Ray with a local cluster of the run's own, stopped four times
+    (SIGKILL of a worker, of the driver twice, a SIGTERM), resumed after each."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import chaos_soak
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    raw = chaos_soak.recipe(6)
+    full, soaked = tmp_path / "full", tmp_path / "soaked"
+    runs.execute(runs.start(validate(raw), full), full)
+    raw["engine"] = {"executor": "ray", "workers": 1, "store": "disk"}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(json.dumps(raw))
+    result = chaos_soak.soak(path, soaked, seed=0, events=4, rounds=6)
+    assert result["stops"]["driver-kill"] >= 1 and result["stops"]["sigterm"] == 1
+    assert 143 in result["driver_exits"]
+    assert result["leftover_processes"] == 0
+    assert chaos_soak.same_end(soaked, full) == dict.fromkeys(
+        ("metrics", "clients", "ledger", "pool"), True
+    )
