@@ -32,9 +32,10 @@ def test_no_bn_key_crosses_and_ledger_counts_shared_bytes_exactly():
     for received in spy.received.values():
         assert not bn & set(received)
     for row in run.server.ledger.to_rows():
-        assert row["down_model"] == row["up_model"] == size
+        assert row["down_model"] == row["up_model"] == row["eval_model"] == size
         assert row["down_aux"] == row["down_data"] == row["up_aux"] == row["up_data"] == 0
-    assert all(row["bytes"]["total"] == 2 * 3 * size for row in rows)
+    # 3 clients: a job down, an upload, and the global state sent to score locally
+    assert all(row["bytes"]["total"] == 3 * 3 * size for row in rows)
 
 
 def test_clients_keep_their_own_bn_statistics_and_personal_accuracy_uses_them():
