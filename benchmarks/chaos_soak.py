@@ -40,7 +40,7 @@ import numpy as np
 
 from fedkit.config.schema import validate
 from fedkit.core import runs
-from fedkit.core.ray_reaper import _psutil, is_ray
+from fedkit.core.ray_reaper import _psutil, is_ray, kill
 from fedkit.rundir import checkpoint, logs
 from fedkit.testing import tiny_recipe
 
@@ -97,11 +97,7 @@ def left_behind(processes: list[Any]) -> int:
     (the survivors are then killed)."""
     psutil = _psutil()
     _, alive = psutil.wait_procs(processes, timeout=WAIT_S)
-    for process in alive:
-        try:
-            process.kill()
-        except psutil.Error:
-            continue
+    kill(alive)
     return len(alive)
 
 

@@ -107,7 +107,13 @@ def main(argv: list[str]) -> None:
         except psutil.Error:
             continue
     _, left = psutil.wait_procs(alive, timeout=GRACE_S)
-    for process in left:
+    kill(left)
+
+
+def kill(processes: list[Any]) -> None:
+    """SIGKILL each of ``processes`` (psutil ones) that is still there."""
+    psutil = _psutil()
+    for process in processes:
         try:
             process.kill()
         except psutil.Error:
