@@ -29,7 +29,7 @@ import dataclasses
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,20 @@ START_DEATHS = 3
 
 Staged = tuple[int, int, int]
 """A memory waiting for the driver's word: (client, round, attempt)."""
+
+
+@dataclasses.dataclass
+class Done:
+    """What one job sent to the actors came to: the actor's answer (``value``), or a
+    ``failure`` kind (``crash``, ``timeout``) and its ``error``. ``retried``: why the
+    first attempt's worker died, when this is the second attempt."""
+
+    job: Any
+    attempt: int
+    value: Any = None
+    failure: str = ""
+    error: str = ""
+    retried: str = ""
 
 
 class StoreActor:
@@ -217,100 +231,101 @@ class RayExecutor:
         idle.append(actor)
         return True
 
+    def on_actors(
+        self, jobs: list[Any], send: Callable[[Any, Any, int], Any], timeout: float | None
+    ) -> Iterator[Done]:
+        """Each job on whichever actor is free, ``send(actor, job, attempt)`` returning
+        the call's reference. An actor that dies is replaced and its job sent once more
+        (attempt 1); a job running past ``timeout`` is abandoned and its actor replaced.
+        What each job came to is yielded as it is known."""
+        ray = self.ray
+        queue, idle = deque((job, 0) for job in jobs), []
+        starting = {actor.pid.remote(): actor for actor in self.actors}
+        running: dict[Any, tuple[Any, int, Any, float]] = {}
+        died: dict[int, str] = {}  # why a client's first attempt died, for its retry
+        while queue or running:
+            while queue and idle:
+                (job, attempt), actor = queue.popleft(), idle.pop()
+                running[send(actor, job, attempt)] = (job, attempt, actor, time.monotonic())
+            wait = None
+            if timeout is not None and running:
+                oldest = min(began for *_, began in running.values())
+                wait = max(0.0, oldest + timeout - time.monotonic())
+            ready, _ = ray.wait([*running, *starting], num_returns=1, timeout=wait)
+            if not ready:
+                yield from self._abandon_overdue(running, starting, timeout)
+                continue
+            if self._started(ready[0], starting, idle):
+                continue
+            job, attempt, actor, _ = running.pop(ready[0])
+            try:
+                value = ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:
+                self.replace(actor, starting)
+                if attempt == 0:
+                    died[job.client] = f"its worker died: {str(exc).splitlines()[0]}"
+                    queue.appendleft((job, 1))
+                    continue
+                yield Done(job, attempt, failure="crash", error=f"its worker died twice: {exc}")
+                continue
+            idle.append(actor)
+            yield Done(job, attempt, value, retried=died.get(job.client, ""))
+
+    def _abandon_overdue(
+        self,
+        running: dict[Any, tuple[Any, int, Any, float]],
+        starting: dict[Any, Any],
+        timeout: float,
+    ) -> Iterator[Done]:
+        now = time.monotonic()
+        for ref, (job, attempt, actor, began) in list(running.items()):
+            if now - began >= timeout:
+                del running[ref]
+                self.replace(actor, starting)
+                error = f"no answer within federation.client_timeout ({timeout:g} s)"
+                yield Done(job, attempt, failure="timeout", error=error)
+
     def run(self, jobs: list[ClientJob]) -> Iterator[ClientResult]:
         ray = self.ray
         if not jobs:
             return
         ray.get(self.store.discard_staged.remote())
         offers = ray.put([dict(o) for o in jobs[0].offers])
-        queue, idle = deque(jobs), []
-        starting = {actor.pid.remote(): actor for actor in self.actors}
-        running: dict[Any, tuple[ClientJob, Any, float]] = {}
-        died: dict[int, str] = {}  # why a client's first attempt died, for its retry
-        while queue or running:
-            while queue and idle:
-                job, actor = queue.popleft(), idle.pop()
-                sent = ClientJob(job.round, job.client, job.seed, (), job.extra, job.fault)
-                sent.attempt = job.attempt
-                ref = actor.run.remote(sent, offers, self.data_refs[job.client])
-                running[ref] = (job, actor, time.monotonic())
-            wait = None
-            if self.timeout is not None and running:
-                oldest = min(started for _, _, started in running.values())
-                wait = max(0.0, oldest + self.timeout - time.monotonic())
-            ready, _ = ray.wait([*running, *starting], num_returns=1, timeout=wait)
-            if not ready:
-                yield from self._abandon_overdue(running, starting)
-                continue
-            if self._started(ready[0], starting, idle):
-                continue
-            job, actor, started = running.pop(ready[0])
-            try:
-                result, staged = ray.get(ready[0])
-            except ray.exceptions.RayActorError as exc:
-                self.replace(actor, starting)
-                if job.attempt == 0:
-                    job.attempt = 1
-                    died[job.client] = f"its worker died: {str(exc).splitlines()[0]}"
-                    queue.appendleft(job)
-                    continue
-                yield ClientResult.failed(job.client, "crash", f"its worker died twice: {exc}")
-                continue
-            idle.append(actor)
-            if result.failure is None and staged:
-                ray.get(self.store.commit.remote((job.client, job.round, job.attempt)))
-            result.retried = died.get(job.client, "")
-            yield result
 
-    def _abandon_overdue(
-        self, running: dict[Any, tuple[ClientJob, Any, float]], starting: dict[Any, Any]
-    ) -> Iterator[ClientResult]:
-        now = time.monotonic()
-        for ref, (job, actor, started) in list(running.items()):
-            if now - started >= self.timeout:
-                del running[ref]
-                self.replace(actor, starting)
-                yield ClientResult.failed(
-                    job.client,
-                    "timeout",
-                    f"no answer within federation.client_timeout ({self.timeout:g} s)",
-                )
+        def send(actor: Any, job: ClientJob, attempt: int) -> Any:
+            sent = ClientJob(job.round, job.client, job.seed, (), job.extra, job.fault)
+            sent.attempt = attempt
+            return actor.run.remote(sent, offers, self.data_refs[job.client])
+
+        for done in self.on_actors(jobs, send, self.timeout):
+            job = done.job
+            if done.failure:
+                yield ClientResult.failed(job.client, done.failure, done.error)
+                continue
+            result, staged = done.value
+            if result.failure is None and staged:
+                ray.get(self.store.commit.remote((job.client, job.round, done.attempt)))
+            result.retried = done.retried
+            yield result
 
     def evaluate(self, jobs: list[EvalJob]) -> Iterator[EvalResult]:
         """Evaluation jobs on whichever actor is free; an actor that dies is replaced and
         its client's evaluation retried once (it changes nothing, so the retry scores
         exactly what the first attempt would have), then reported as failed."""
-        ray = self.ray
         if not jobs:
             return
-        pool = ray.put([dict(j.state) for j in _by_cluster(jobs)])
-        queue, idle = deque(jobs), []
-        starting = {actor.pid.remote(): actor for actor in self.actors}
-        running: dict[Any, tuple[EvalJob, Any]] = {}
-        died: dict[int, str] = {}  # why a client's first evaluation died, for its retry
-        while queue or running:
-            while queue and idle:
-                job, actor = queue.popleft(), idle.pop()
-                sent = EvalJob(job.round, job.client, job.cluster, {}, job.scores)
-                data = self.data_refs[job.client]
-                running[actor.evaluate.remote(sent, pool, data, self.benchmark_ref)] = (job, actor)
-            ready, _ = ray.wait([*running, *starting], num_returns=1)
-            if self._started(ready[0], starting, idle):
+        pool = self.ray.put([dict(j.state) for j in _by_cluster(jobs)])
+
+        def send(actor: Any, job: EvalJob, attempt: int) -> Any:
+            sent = EvalJob(job.round, job.client, job.cluster, {}, job.scores)
+            return actor.evaluate.remote(sent, pool, self.data_refs[job.client], self.benchmark_ref)
+
+        for done in self.on_actors(jobs, send, None):
+            if done.failure:
+                yield EvalResult(done.job.client, {}, done.failure, done.error)
                 continue
-            job, actor = running.pop(ready[0])
-            try:
-                result = ray.get(ready[0])
-            except ray.exceptions.RayActorError as exc:
-                self.replace(actor, starting)
-                if job.client not in died:
-                    died[job.client] = f"its worker died: {str(exc).splitlines()[0]}"
-                    queue.appendleft(job)
-                    continue
-                yield EvalResult(job.client, {}, "crash", f"its worker died twice: {exc}")
-                continue
-            idle.append(actor)
-            result.retried = died.get(job.client, "")
-            yield result
+            done.value.retried = done.retried
+            yield done.value
 
     def persist(self, folder: Path) -> dict[int, dict[str, str]]:
         return self.ray.get(self.store.persist.remote(folder))
