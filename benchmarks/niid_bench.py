@@ -58,6 +58,10 @@ PAPER = {
     "labels-3": (80.7, 82.5, 77.7, 80.4),
 }
 PAPER_ORDER = ("fedavg", "fedprox", "scaffold", "fednova")
+DIVERGED_NOTE = (
+    "‡ diverged: every client's training loss became non-finite and the run stopped; "
+    "the figure is the last global test accuracy measured before that round"
+)
 PAPER_NOTE = (
     "† the paper's Table III as entered here, not yet checked against the paper "
     "(it could not be opened offline); Flower's column matches its README"
@@ -107,14 +111,40 @@ def final_accuracy(out: Path) -> tuple[float, float]:
     return round(100 * summary["final"]["test_accuracy"], 2), summary.get("seconds", 0.0)
 
 
+def diverged(out: Path) -> dict | None:
+    """How a run that stopped because every client's training became non-finite ended:
+    the round it diverged in, and the last global test accuracy measured before it
+    (what NIID-Bench and Flower report for such a run is a model at chance). ``None``
+    for any other stop, which a rerun resumes."""
+    try:
+        stop = json.loads((out / "stops.jsonl").read_text().splitlines()[-1])
+    except (OSError, IndexError, ValueError):
+        return None
+    failures = stop.get("failures") or []
+    if not failures or any(f.get("kind") != "non-finite" for f in failures):
+        return None
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in rows if "test_accuracy" in r]
+    if not scored:
+        return None
+    last = scored[-1]
+    return {
+        "accuracy": round(100 * last["test_accuracy"], 2),
+        "diverged": stop["round"],
+        "accuracy_round": last["round"],
+    }
+
+
 def run_cells(
     cells: list[tuple[str, str, int]],
     args: argparse.Namespace,
     command: Callable[..., list[str]],
     row_of: Callable[[tuple[str, str, int]], dict],
+    stopped: Callable[[tuple[str, str, int]], dict | None] = lambda cell: None,
 ) -> None:
     """Run the cells, ``args.parallel`` at a time with the threads split between them,
-    appending ``row_of(cell)`` for each finished one (a failed one is left to resume)."""
+    appending ``row_of(cell)`` for each finished one, and ``stopped(cell)`` for one that
+    stopped for good (it diverged); any other failed cell is left to resume."""
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.parallel))}
     pending, running = list(cells), {}
     while pending or running:
@@ -127,10 +157,10 @@ def run_cells(
             if process.poll() is None:
                 continue
             del running[cell]
-            if process.returncode != 0:
+            row = row_of(cell) if process.returncode == 0 else stopped(cell)
+            if row is None:
                 print(f"{cell}: fedkit run exited {process.returncode}; rerun to resume it")
                 continue
-            row = row_of(cell)
             append_row(args.results, row)
             print(f"done {cell}: {row}", flush=True)
 
@@ -142,6 +172,16 @@ def niid_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict:
     return {**row, "rounds": args.rounds or 50, "seconds": seconds}
 
 
+def diverged_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict | None:
+    """The row of a cell that diverged (``diverged``), or ``None``."""
+    method, partition, seed = cell
+    found = diverged(args.out / f"{method}-{partition}-s{seed}")
+    if found is None:
+        return None
+    row = {"method": method, "partition": partition, "seed": seed}
+    return {**row, **found, "rounds": args.rounds or 50}
+
+
 def table(rows: list[dict]) -> str:
     """Measured mean (± std over seeds, n) beside Flower's and the paper's numbers."""
     lines = [
@@ -150,22 +190,22 @@ def table(rows: list[dict]) -> str:
     ]
     for partition in PARTITIONS:
         for method in METHODS:
-            found = [
-                r["accuracy"] for r in rows if (r["method"], r["partition"]) == (method, partition)
-            ]
+            cell = [r for r in rows if (r["method"], r["partition"]) == (method, partition)]
+            found = [r["accuracy"] for r in cell]
+            mark = "‡" if any("diverged" in r for r in cell) else ""
             flower = FLOWER[partition][FLOWER_ORDER.index(method)]
             paper = PAPER[partition][PAPER_ORDER.index(method)]
             if found:
                 mean = statistics.fmean(found)
                 spread = f" ± {statistics.stdev(found):.1f}" if len(found) > 1 else ""
-                ours, gap = f"{mean:.1f}{spread}", f"{mean - flower:+.1f}"
+                ours, gap = f"{mean:.1f}{spread}{mark}", f"{mean - flower:+.1f}"
             else:
                 ours, gap = "–", ""
             lines.append(
                 f"| {partition} | {NAMES[method]} | {ours} | {len(found)} | {flower:.1f} "
                 f"| {paper:.1f} | {gap} |"
             )
-    return "\n".join([*lines, "", PAPER_NOTE])
+    return "\n".join([*lines, "", PAPER_NOTE, DIVERGED_NOTE])
 
 
 def main() -> None:
@@ -193,7 +233,13 @@ def main() -> None:
         cells += [(m, "dirichlet-0.5", s) for s in args.extra_seeds for m in args.methods]
         todo = [c for c in dict.fromkeys(cells) if c not in done]
         print(f"{len(todo)} cells to run ({len(cells) - len(todo)} already in {args.results})")
-        run_cells(todo, args, cell_command, lambda cell: niid_row(cell, args))
+        run_cells(
+            todo,
+            args,
+            cell_command,
+            lambda cell: niid_row(cell, args),
+            lambda cell: diverged_row(cell, args),
+        )
     print(table(read_rows(args.results)))
 
 

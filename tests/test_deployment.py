@@ -142,7 +142,7 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     for k in range(3):
         assert list((tmp_path / f"node{k}" / "memories").glob(f"{k}.r*.safetensors"))
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
-    assert {line["kind"] for line in audit} == {"train", "evaluate", "query"}
+    assert {line["kind"] for line in audit} == {"train", "evaluate"}  # checkpoints ask nothing
     sent = {k for line in audit for k in line["keys"]}
     assert private and sent and not sent & private  # FedBN's normalisation layers stay home
     assert all("fedkit.memory" not in line["records"] for line in audit)

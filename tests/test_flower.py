@@ -16,6 +16,8 @@ from fedkit.config.schema import EngineConfig, validate
 from fedkit.core import runs
 from fedkit.core.engine import run_round
 from fedkit.rundir import checkpoint, logs
+from fedkit.rundir.integrity import sha256_bytes
+from fedkit.rundir.store import MEMORIES
 
 pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'fedkit[flower]')"
@@ -152,3 +154,26 @@ def test_the_supernode_sleeps_short_after_work_and_longer_while_idle(monkeypatch
     sleeps.sleep(3)
     sleeps.sleep(0.01)
     assert slept == [0.02, 0.04, 0.08, 0.16, 0.2, 0.2, 0.02, 0.01]
+
+
+def test_a_checkpoint_sends_no_message_and_names_the_files_the_nodes_wrote(link, tmp_path):
+    """Each node writes its client's new memory as it trains and names the file in its
+    reply: the checkpoint's manifest is those names and hashes, and saving it sends
+    nothing to the nodes."""
+    raw = tiny_recipe(
+        plugins=["fedavg", "fedbn"],
+        federation={"rounds": 1, "clients_per_round": 3},
+        engine={"executor": "flower"},
+    )
+    out = tmp_path / "run"
+    run = runs.start(validate(raw), out)
+    try:
+        row = run_round(run, 1)
+        sent = run.executor.messages
+        files = run.executor.persist(out / MEMORIES)
+        assert run.executor.messages == sent
+        assert sorted(files) == sorted(int(c) for c in row["clients"])
+        for entry in files.values():
+            assert sha256_bytes((out / MEMORIES / entry["file"]).read_bytes()) == entry["sha256"]
+    finally:
+        run.close()

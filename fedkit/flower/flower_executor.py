@@ -5,9 +5,10 @@ fedkit's server side (engine, server hooks, ledger, checkpoints) runs where the 
 in this process for the simulation runtime (``fedkit.flower.simulation`` starts Flower's
 simulation in a thread and hands its grid over), in Flower's ServerApp for a deployment
 (``fedkit.flower.serverapp``). Every client job is a ``train`` message, every evaluation
-an ``evaluate`` message, and checkpoints are ``query`` messages that make each node write
-what its client keeps to its own disk (``fedkit.flower.node``); the server receives
-uploads, scores, file names and hashes, never a client's memory.
+an ``evaluate`` message. A node writes what its client keeps to its own disk as it
+trains and its reply names the file and its hash (``fedkit.flower.node``), so a
+checkpoint sends no message; the server receives uploads, scores, file names and hashes,
+never a client's memory.
 
 Cluster states travel on demand: a pool of one is sent with every job; with several, a
 client that fetched all of them last round is sent all of them again, any other is sent
@@ -94,7 +95,6 @@ class FlowerExecutor:
         self.settled: dict[int, list[int]] = {}
         self.everything: set[int] = set()
         self.manifest: dict[int, dict[str, Any]] = {}
-        self.dirty: set[int] = set()
         self.wire = {"down": 0, "up": 0}
         self.messages = 0
         self.nodes = self._setup(setup, store.folder, population)
@@ -258,7 +258,7 @@ class FlowerExecutor:
                 result.fetched = [*result.fetched, *sorted(sent - set(result.fetched))]
                 if result.failure is None:
                     self.settled[cid] = [job.round, job.attempt]
-                    self.dirty.add(cid)
+                    self._accept(cid, get_meta(reply.content)["memory"])
                     fetched_all = set(result.fetched) == set(range(len(job.offers)))
                     (self.everything.add if fetched_all else self.everything.discard)(cid)
                 yield result
@@ -279,21 +279,14 @@ class FlowerExecutor:
             else:
                 yield eval_result_of(reply.content)
 
-    def persist(self, folder: Path) -> dict[int, dict[str, str]]:
-        """Each client that trained since the last checkpoint writes what it keeps on its
-        node; the manifest (file names and hashes) is what comes back."""
+    def _accept(self, client: int, entry: dict[str, str] | None) -> None:
+        """Record the file a node wrote for a result the server accepted."""
+        if entry is not None:
+            self.manifest[client] = {**entry, **({"on_node": True} if self.link.remote else {})}
 
-        asks = {
-            cid: message({"action": "persist", "settled": self.settled.get(cid)})
-            for cid in sorted(self.dirty)
-        }
-        for cid, answer in self._query(asks).items():
-            if answer["entry"] is not None:
-                self.manifest[cid] = {
-                    **answer["entry"],
-                    **({"on_node": True} if self.link.remote else {}),
-                }
-        self.dirty.clear()
+    def persist(self, folder: Path) -> dict[int, dict[str, str]]:
+        """The file each client's node last wrote for an accepted result (names and
+        hashes, from the train replies): a checkpoint sends nothing."""
         return dict(self.manifest)
 
     def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None:

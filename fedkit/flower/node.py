@@ -4,12 +4,12 @@ A ``Node`` answers the server's messages (``fedkit.flower.records`` says how the
 
 * ``train``: one client job, run by fedkit's ``Worker`` (client hooks, local training);
   a fetch of a cluster state the job did not carry is answered with a request for it
-  (the server sends it and the job runs again, exactly as before);
+  (the server sends it and the job runs again, exactly as before). A new memory is
+  written to the node's own folder at once; the reply names the file and its hash;
 * ``evaluate``: the client's personal model scored on its own test data (scores only);
 * ``query``: ``setup`` (once per run: the recipe and the client setup; the node answers
-  which client it holds and how many samples it declares), ``persist`` (write what the
-  client keeps to the node's own folder; only the file's name and hash go back) and
-  ``adopt`` (take a checkpoint's file back after a resume).
+  which client it holds and how many samples it declares) and ``adopt`` (take a
+  checkpoint's file back after a resume).
 
 A ``NodeHost`` is what a process that answers for nodes holds (a Ray actor of Flower's
 simulation, a deployment's node process): it builds each run's worker and each node's
@@ -63,7 +63,7 @@ ROUND_OF_FILE = re.compile(r"\.r(\d+)\.")
 
 class Node:
     """One client behind a Flower node (see the module docstring). ``folder`` is where
-    the node writes the client's memory at checkpoints (its own disk)."""
+    the node writes the client's memories (its own disk)."""
 
     def __init__(
         self,
@@ -98,8 +98,6 @@ class Node:
         meta = get_meta(content)
         settle(state, meta.get("settled"))
         action = meta["action"]
-        if action == "persist":
-            return message({"entry": self.persist(state)})
         if action == "adopt":
             return message({"error": self.adopt(state, meta["entry"])})
         raise ValueError(f"unknown query {action!r}")
@@ -116,22 +114,23 @@ class Node:
         except InjectedCrash as exc:
             result, memory = ClientResult.failed(job.client, "crash", str(exc)), None
         state.pop(STAGED, None)
+        entry = None
         if result.failure is None and memory is not None:
             raw = memory_bytes(memory)
             state[STAGED] = ConfigRecord({"bytes": raw, "round": job.round, "attempt": job.attempt})
-        return result_content(result, self.category)
+            entry = self.write(raw, job.round)
+        return result_content(result, self.category, memory=entry)
 
-    def persist(self, state: RecordDict) -> dict[str, str] | None:
-        """Write the client's memory to the node's folder (once per version); its entry."""
-        if KEPT not in state or self.folder is None:
+    def write(self, raw: bytes, round: int) -> dict[str, str] | None:
+        """Write a new memory to the node's folder as the client trains (so a checkpoint
+        asks the node nothing); its entry, the file name and hash the server records once
+        it accepts the result. ``None`` without a folder (a run without a directory)."""
+        if self.folder is None:
             return None
-        record = state[KEPT]
-        name = memory_file(self.data.id, int(record["round"]))
-        path = self.folder / name
-        if not path.is_file():
-            self.folder.mkdir(parents=True, exist_ok=True)
-            write_bytes(path, record["bytes"])
-        return {"file": name, "sha256": sha256_bytes(record["bytes"])}
+        name = memory_file(self.data.id, round)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_bytes(self.folder / name, raw)
+        return {"file": name, "sha256": sha256_bytes(raw)}
 
     def adopt(self, state: RecordDict, entry: dict[str, str] | None) -> str | None:
         """Take back the memory a checkpoint names (none: the client had not trained by

@@ -139,10 +139,14 @@ def job_of(content: RecordDict) -> tuple[ClientJob, Any]:
 
 
 def result_content(
-    result: ClientResult, category: Callable[[str], str], need: int | None = None
+    result: ClientResult,
+    category: Callable[[str], str],
+    need: int | None = None,
+    memory: dict[str, str] | None = None,
 ) -> RecordDict:
-    """A train reply: the result, its upload split by ledger category; or, with ``need``,
-    the one cluster state the client asked for that the job did not carry."""
+    """A train reply: the result, its upload split by ledger category, and ``memory``,
+    the file name and hash of the new memory the node wrote; or, with ``need``, the one
+    cluster state the client asked for that the job did not carry."""
     meta = {
         "client": result.client,
         "cluster": result.cluster,
@@ -153,6 +157,7 @@ def result_content(
         "error": result.error,
         "order": list(result.upload),
         "need": need,
+        "memory": memory,
     }
     parts: dict[str, dict[str, Tensor]] = {f"up.{c}": {} for c in UPLOAD}
     for key, value in result.upload.items():
