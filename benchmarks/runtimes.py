@@ -109,8 +109,9 @@ def main() -> None:
         ledger, wire = summary["bytes"], summary.get("wire_bytes", {})
         down = sum(ledger[f"down_{c}"] for c in ("model", "aux", "data"))
         up = sum(ledger[f"up_{c}"] for c in ("model", "aux", "data"))
+        evaluation = sum(ledger.get(f"eval_{c}", 0) for c in ("model", "aux", "data"))
         print(
-            f"{name}: ledger down {down:,} B, up {up:,} B; "
+            f"{name}: ledger down {down:,} B, eval {evaluation:,} B, up {up:,} B; "
             f"on the wire down {wire.get('down', 0):,} B, up {wire.get('up', 0):,} B"
         )
 

@@ -8,6 +8,7 @@ resumes from the checkpoint and the nodes' own files, to the sequential numbers.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ import pytest
 import torch
 import yaml
 from conftest import tiny_recipe
+from test_site_data import write_images
 
 from fedkit.config.schema import validate
 from fedkit.core import runs
@@ -77,7 +79,8 @@ def group_members(pgid: int) -> list[int]:
 
 @pytest.fixture
 def federation(tmp_path):
-    """A SuperLink and three nodes; afterwards every one of their processes has ended."""
+    """A SuperLink, three nodes holding partitions and a fourth holding a site's own
+    images; afterwards every one of their processes has ended."""
     port = free_port()
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr"), "FLWR_TELEMETRY_ENABLED": "0"}
     env["FEDKIT_FLOWER_AUDIT"] = str(tmp_path / "audit.jsonl")
@@ -96,10 +99,14 @@ def federation(tmp_path):
         except OSError:
             assert time.monotonic() < deadline, "the SuperLink did not start"
             time.sleep(0.2)
-    for k in range(3):
+    site = tmp_path / "site"
+    write_images(site / "train", {"3": 6, "7": 4})
+    write_images(site / "test", {"3": 2, "7": 2}, seed=1)
+    for k in range(4):  # the fourth is a real site with its own images (--data)
         node = [
             str(BIN / "fedkit"), "deploy", "node", "--superlink", f"127.0.0.1:{port}",
             "--partition", str(k), "--dir", str(tmp_path / f"node{k}"), "--insecure",
+            *(["--data", str(site)] if k == 3 else []),
         ]  # fmt: skip
         procs.append(start(node, tmp_path / f"node{k}.log", env))
     try:
@@ -158,3 +165,19 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     runs.execute(runs.start(validate(three), seq3), seq3)
     assert logs.read_metrics(out) == logs.read_metrics(seq3)
     assert logs.read_ledger(out) == logs.read_ledger(seq3)
+
+    # a fourth client, on the site's own ten train and four test images
+    site_out = tmp_path / "site-run"
+    four = [
+        str(BIN / "fedkit"), "deploy", "run", str(path), "--superlink", f"127.0.0.1:{port}",
+        "--out", str(site_out), "--insecure", "--set", "federation.rounds=1",
+        "--set", "data.num_clients=4", "--set", "federation.clients_per_round=4",
+    ]  # fmt: skip
+    done = subprocess.run(four, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = logs.read_metrics(site_out)
+    assert 3 in row["clients"]
+    (clients,) = map(json.loads, (site_out / "clients.jsonl").read_text().splitlines())
+    assert math.isfinite(clients["per_client"]["3"]["loss"])
+    log = (tmp_path / "node3.log").read_text()
+    assert "client 3 trains on 10 images and is tested on 4" in log

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,12 @@ class NodeHost:
             elif self.site is not None:
                 classes, (mean, std) = run["meta"]["classes"], run["meta"]["stats"]
                 data = load_site(self.site, recipe.data, partition, classes, mean, std, recipe.seed)
+                print(
+                    f"site {self.site}: client {partition} trains on {len(data.train)} images "
+                    f"and is tested on {len(data.test)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.nodes[token, partition] = Node(run["worker"], data, run["folder"])
             else:
                 client = run["data"].client(partition)
