@@ -77,6 +77,55 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
+def certificates(folder: Path) -> dict[str, Path]:
+    """A throwaway CA and a server certificate it signs for 127.0.0.1 (PEM files)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def certificate(name, key, issuer, issuer_key, ca):
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer or subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return builder.sign(issuer_key or key, hashes.SHA256())
+
+    ca_key, server_key = (
+        ec.generate_private_key(ec.SECP256R1()),
+        ec.generate_private_key(ec.SECP256R1()),
+    )
+    ca = certificate("fedkit test CA", ca_key, None, None, True)
+    server = certificate("127.0.0.1", server_key, ca.subject, ca_key, False)
+    paths = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
 @pytest.fixture
 def federation(tmp_path):
     """A SuperLink, three nodes holding partitions and a fourth holding a site's own
@@ -86,9 +135,12 @@ def federation(tmp_path):
     env["FEDKIT_FLOWER_AUDIT"] = str(tmp_path / "audit.jsonl")
     env["OMP_NUM_THREADS"] = "1"
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # the SuperLink starts Flower commands
+    tls = certificates(tmp_path / "tls")
     superlink = [
-        str(BIN / "flower-superlink"), "--insecure", "--isolation", "subprocess",
-        "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
+        str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(tls["ca"]),
+        "--ssl-certfile", str(tls["cert"]), "--ssl-keyfile", str(tls["key"]),
+        "--isolation", "subprocess", "--disable-runtime-dependency-installation",
+        "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     procs = [start(superlink, tmp_path / "superlink.log", env)]
     deadline = time.monotonic() + 60
@@ -105,7 +157,8 @@ def federation(tmp_path):
     for k in range(4):  # the fourth is a real site with its own images (--data)
         node = [
             str(BIN / "fedkit"), "deploy", "node", "--superlink", f"127.0.0.1:{port}",
-            "--partition", str(k), "--dir", str(tmp_path / f"node{k}"), "--insecure",
+            "--partition", str(k), "--dir", str(tmp_path / f"node{k}"),
+            "--root-certificates", str(tls["ca"]),
             *(["--data", str(site)] if k == 3 else []),
         ]  # fmt: skip
         procs.append(start(node, tmp_path / f"node{k}.log", env))
@@ -129,7 +182,7 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     out = tmp_path / "deployed"
     command = [
         str(BIN / "fedkit"), "deploy", "run", str(path), "--superlink", f"127.0.0.1:{port}",
-        "--out", str(out), "--insecure",
+        "--out", str(out), "--root-certificates", str(tmp_path / "tls" / "ca.crt"),
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -170,7 +223,8 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     site_out = tmp_path / "site-run"
     four = [
         str(BIN / "fedkit"), "deploy", "run", str(path), "--superlink", f"127.0.0.1:{port}",
-        "--out", str(site_out), "--insecure", "--set", "federation.rounds=1",
+        "--out", str(site_out), "--root-certificates", str(tmp_path / "tls" / "ca.crt"),
+        "--set", "federation.rounds=1",
         "--set", "data.num_clients=4", "--set", "federation.clients_per_round=4",
     ]  # fmt: skip
     done = subprocess.run(four, env=env, capture_output=True, text=True, timeout=600)
@@ -181,3 +235,4 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     assert math.isfinite(clients["per_client"]["3"]["loss"])
     log = (tmp_path / "node3.log").read_text()
     assert "client 3 trains on 10 images and is tested on 4" in log
+    assert "https://127.0.0.1" in (tmp_path / "superlink.log").read_text()  # TLS throughout
