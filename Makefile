@@ -19,8 +19,9 @@ demo: $(STAMP)
 
 # Two pytest workers of one torch thread each (a whole test file per worker, so its
 # module fixtures stay with it): on two cores this beats one worker with two threads.
+# Files go out in collection order, the slowest first (tests/conftest.py).
 test: $(STAMP) lint
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -n $${TEST_WORKERS:-2} --dist loadfile
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -n $${TEST_WORKERS:-2} --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -22,6 +22,23 @@ os.environ["FEDKIT_REPORT"] = "0"
 # The plugins listing's cache stays out of the user's home during tests.
 os.environ.setdefault("FEDKIT_CACHE_DIR", tempfile.mkdtemp(prefix="fedkit-test-cache-"))
 
+# The files that take minutes, longest first (`make test` prints the slowest tests). The
+# Makefile hands whole files to two workers in collection order (--no-loadscope-reorder),
+# so starting these first keeps one long file from running alone at the end.
+SLOWEST_FIRST = (
+    "test_ray_faults.py",
+    "test_flower.py",
+    "test_chaos_soak.py",
+    "test_executors.py",
+    "test_deployment.py",
+    "test_sweep.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 @pytest.fixture(scope="module")
 def ray_cluster():

@@ -62,22 +62,23 @@ def test_a_sigkilled_driver_takes_its_ray_processes_with_it_and_nothing_else(tmp
 
 
 def test_chaos_soak_short_ends_identical_with_nothing_left(tmp_path):
-    """Six rounds under Ray with a local cluster of the run's own, stopped four times
-    (SIGKILL of a worker, of the driver twice, a SIGTERM), resumed after each."""
+    """Five rounds under Ray with a local cluster of the run's own, stopped three times
+    (SIGKILL of a worker, of the driver, a SIGTERM), resumed after each; the 50-round soak
+    with more stops is benchmarks/chaos_soak.py."""
     pytest.importorskip("ray", reason="the ray extra is not installed")
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import chaos_soak
     finally:
         sys.path.remove(str(BENCHMARKS))
-    raw = chaos_soak.recipe(6)
+    raw = chaos_soak.recipe(5)
     full, soaked = tmp_path / "full", tmp_path / "soaked"
     runs.execute(runs.start(validate(raw), full), full)
     raw["engine"] = {"executor": "ray", "workers": 1, "store": "disk"}
     path = tmp_path / "recipe.yaml"
     path.write_text(json.dumps(raw))
-    result = chaos_soak.soak(path, soaked, seed=0, events=4, rounds=6)
-    assert result["stops"]["driver-kill"] >= 1 and result["stops"]["sigterm"] == 1
+    result = chaos_soak.soak(path, soaked, seed=0, events=3, rounds=5)
+    assert result["stops"]["driver-kill"] == 1 and result["stops"]["sigterm"] == 1
     assert 143 in result["driver_exits"]
     assert result["leftover_processes"] == 0
     assert chaos_soak.same_end(soaked, full) == dict.fromkeys(

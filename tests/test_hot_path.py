@@ -41,10 +41,9 @@ def plain_non_finite(tensors, owned=False):
 
 def plain_weighted_mean(uploads, key):
     weights = torch.tensor([u.weight for u in uploads], dtype=torch.float64)
-    weights = weights / weights.sum()
     first = uploads[0].tensors[key]
     stacked = torch.stack([u.tensors[key].to(torch.float64) for u in uploads])
-    mean = torch.tensordot(weights, stacked, dims=1)
+    mean = torch.tensordot(weights, stacked, dims=1) / weights.sum()
     return mean.to(first.dtype) if first.is_floating_point() else mean.floor().to(first.dtype)
 
 
@@ -71,8 +70,8 @@ def test_seeding_draws_the_same_streams_as_torch_manual_seed():
 @pytest.mark.parametrize("shape", [(7, 5), (3, 40_000), (), (0, 4)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64])
 def test_weighted_mean_is_the_float64_sum_upload_by_upload(dtype, shape):
-    """Exactly the float64 running sum in upload order (no stacked copy), and within
-    float64 rounding of the stacked dot product."""
+    """Exactly the float64 running sum in upload order divided once (no stacked copy), and
+    equal to the stacked dot product where every sum is exact."""
     g = torch.Generator().manual_seed(0)
     uploads = [
         Upload(i, float(w), {"w": (torch.randn(shape, generator=g) * 100).to(dtype)})
@@ -84,15 +83,33 @@ def test_weighted_mean_is_the_float64_sum_upload_by_upload(dtype, shape):
         total = sum(u.weight for u in ups)
         running = torch.zeros(shape, dtype=torch.float64)
         for u in ups:
-            running.add_(u.tensors["w"], alpha=u.weight / total)  # one fused step per upload
+            running.add_(u.tensors["w"], alpha=u.weight)  # one fused step per upload
+        running /= total
         first = ups[0].tensors["w"]
         exact = running.to(first.dtype) if first.is_floating_point() else running.floor().long()
         assert got.dtype == first.dtype and torch.equal(got, exact)
         stacked = plain_weighted_mean(ups, "w")
-        if first.is_floating_point():
-            assert torch.allclose(
-                got.double(), stacked.double(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6
-            )
+        if dtype == torch.float64:  # products of float64 values round, so the order shows
+            assert torch.allclose(got, stacked, rtol=1e-12)
+        else:
+            assert torch.equal(got, stacked)
+
+
+def test_the_mean_does_not_depend_on_the_order_uploads_arrive_in():
+    """Executors collect uploads in the order clients finish. Clients whose values sit a few
+    ulps apart put the mean exactly half-way between two fp32 numbers; sample-count weights
+    keep the float64 sum exact, so the tie is broken the same way in every order (a
+    normalised running sum broke it differently in ~40 of 50,000 elements here)."""
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(50_000, generator=g)
+    ulp = torch.nextafter(base, torch.full_like(base, math.inf)) - base
+    uploads = [
+        Upload(i, float(w), {"w": base + ulp * torch.randint(-3, 4, (50_000,), generator=g)})
+        for i, w in enumerate([123, 91, 86])
+    ]
+    first = weighted_mean(uploads, "w")
+    for order in ([2, 1, 0], [1, 0, 2]):
+        assert torch.equal(weighted_mean([uploads[i] for i in order], "w"), first)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])

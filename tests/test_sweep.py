@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedkit.cli.sweep import axes_of, cells_of, split_values
-from fedkit.errors import RecipeError
+from fedkit.cli.sweep import Cell, axes_of, cells_of, command, discard_unstarted, split_values
+from fedkit.errors import FedkitError, RecipeError
 from fedkit.rundir import checkpoint
+from fedkit.rundir.lock import RunLock
 from fedkit.testing import tiny_recipe
 
 GRID = ["--set", "seed=0,1", "--set", "federation.optimizer.lr=0.003,0.006"]
@@ -45,6 +46,25 @@ def test_axes_are_the_keys_with_several_values():
 def test_bad_sets_are_refused_before_anything_runs(sets):
     with pytest.raises(RecipeError):
         axes_of(sets)
+
+
+def test_a_cell_killed_before_its_recipe_was_written_starts_afresh(tmp_path):
+    """A kill -9 can land after ``fedkit run`` made the cell's folder and before it wrote
+    recipe.yaml: there is nothing to resume, so the sweep clears the folder and starts."""
+    folder = tmp_path / "seed-1"
+    (folder / "memories").mkdir(parents=True)
+    (folder / "run.lock").write_text("12345\n")
+    cell = Cell("seed-1", {"seed": "1"})
+    discard_unstarted(folder)
+    assert not folder.exists()
+    assert "--resume" not in command("r.yaml", [], cell, folder, [])
+    (folder / "checkpoints").mkdir(parents=True)  # a run that began is resumed, not cleared
+    discard_unstarted(folder)
+    assert folder.is_dir() and "--resume" in command("r.yaml", [], cell, folder, [])
+    (folder / "checkpoints").rmdir()
+    with RunLock(folder), pytest.raises(FedkitError, match="in use by another"):
+        discard_unstarted(folder)  # a live run's folder is never removed
+    assert folder.is_dir()
 
 
 def sweep(recipe: Path, out: Path, grid: list[str] = GRID) -> subprocess.Popen:

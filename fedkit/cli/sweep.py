@@ -19,6 +19,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -35,7 +36,8 @@ from rich.table import Table
 from fedkit.cli.compare import markdown
 from fedkit.errors import FedkitError, RecipeError
 from fedkit.rundir.atomic import write_json, write_text
-from fedkit.rundir.logs import read_metrics
+from fedkit.rundir.lock import RunLock
+from fedkit.rundir.logs import holds_run, read_metrics
 
 MANIFEST = "sweep.json"
 """The sweep's manifest in its directory: recipe, fixed overrides, axes and cells."""
@@ -201,10 +203,19 @@ class Job:
     began: float = 0.0
 
 
+def discard_unstarted(folder: Path) -> None:
+    """Remove a cell's folder that a kill left before its run wrote a recipe (a lock file,
+    an empty memory store), so that the cell starts afresh instead of failing to resume.
+    Refused while a process still holds the folder's lock."""
+    if folder.exists() and not holds_run(folder):
+        with RunLock(folder):
+            shutil.rmtree(folder)
+
+
 def command(recipe: str, fixed: list[str], cell: Cell, folder: Path, engine: list[str]) -> list:
     """The ``fedkit run`` of a cell: a fresh start, or a resume of what it left."""
     base = [sys.executable, "-m", "fedkit", "run", "-q", "--no-report"]
-    if folder.exists():
+    if holds_run(folder):
         return [*base, "--resume", str(folder)]
     sets = [x for item in [*fixed, *cell.overrides, *engine] for x in ("--set", item)]
     return [*base, recipe, "--out", str(folder), *sets]
@@ -351,6 +362,7 @@ def sweep(
         folder = out / cell.name
         if finished(folder, rounds[cell.name]):
             continue
+        discard_unstarted(folder)
         jobs.append(Job(cell, folder, command(recipe, fixed, cell, folder, engine)))
     skipped = len(cells) - len(jobs)
     if skipped:

@@ -53,6 +53,7 @@ from fedkit.rundir.logs import (
     append_logs,
     append_stop,
     append_time,
+    holds_run,
     log_states,
     read_metrics,
     read_times,
@@ -166,7 +167,7 @@ def resumed_recipe(
 def resume(out: Path, overrides: list[str] | None = None) -> tuple[Run, int]:
     """Rebuild a run from its directory and its newest intact checkpoint. ``notes`` (on
     the returned run) say what was repaired or skipped."""
-    if not out.is_dir() or not ((out / RECIPE).is_file() or (out / "checkpoints").is_dir()):
+    if not holds_run(out):
         raise FedkitError(f"{out}: no {RECIPE} here; expected a run directory to resume")
     for folder in (out, out / "checkpoints", out / JOURNAL, out / MEMORIES):
         if folder.is_dir():

@@ -238,3 +238,10 @@ def restore_logs(out: Path, states: dict[str, dict[str, Any]]) -> list[str]:
         for path in (main, copy):
             _cut(path, state["length"])
     return notes
+
+
+def holds_run(out: Path) -> bool:
+    """Whether ``out`` is a run ``--resume`` can continue. A fresh run writes its recipe
+    before its first checkpoint, so a folder with neither is a start that was stopped
+    before it began: nothing in it is worth keeping."""
+    return (out / RECIPE).is_file() or (out / "checkpoints").is_dir()
