@@ -61,6 +61,51 @@ def test_a_sigkilled_driver_takes_its_ray_processes_with_it_and_nothing_else(tmp
                 pass
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="the reaper reads a POSIX process table")
+def test_a_worker_started_just_before_the_driver_dies_is_ended_too(tmp_path):
+    """A raylet look-alike the reaper has seen starts a worker look-alike; the driver dies
+    by SIGKILL a moment later, before the reaper's next look: the worker ends with the
+    rest (the CI run that found this left a freshly restarted actor behind)."""
+    folder = tmp_path / "ray"
+    folder.mkdir()
+    (folder / "worker").write_text("import time\ntime.sleep(120)\n")
+    (folder / "raylet").write_text(
+        textwrap.dedent(f"""
+            import subprocess, sys, time
+            sys.stdin.readline()
+            worker = subprocess.Popen([sys.executable, {str(folder / "worker")!r}])
+            print(worker.pid, flush=True)
+            time.sleep(120)
+        """)
+    )
+    script = textwrap.dedent(f"""
+        import os, signal, subprocess, sys, time
+        from fedkit.core import ray_reaper
+        reaper = ray_reaper.watch()
+        raylet = subprocess.Popen([sys.executable, {str(folder / "raylet")!r}],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # the reaper has noted the raylet
+        print("go", file=raylet.stdin, flush=True)
+        worker = raylet.stdout.readline().strip()
+        print(reaper.pid, raylet.pid, worker, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    psutil = _psutil()
+    processes = [psutil.Process(int(p)) for p in driver.stdout.readline().split()]
+    try:
+        assert len(processes) == 3, "the driver did not start its look-alikes"
+        driver.wait(timeout=10)
+        _, alive = psutil.wait_procs(processes, timeout=15)
+        assert alive == [], alive
+    finally:
+        for process in processes:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+
+
 def test_chaos_soak_short_ends_identical_with_nothing_left(tmp_path):
     """Five rounds under Ray with a local cluster of the run's own, stopped three times
     (SIGKILL of a worker, of the driver, a SIGTERM), resumed after each; the 50-round soak

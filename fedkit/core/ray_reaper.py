@@ -9,8 +9,10 @@ so that a Ctrl-C or a scheduler's signal to the run's process group does not rea
 notes the Ray processes among the driver's descendants every half second and waits on a
 pipe the driver holds; when the pipe closes (the executor's ``close``, or the kernel
 closing it as the driver dies, however it dies) it ends every noted process still
-running: SIGTERM, then SIGKILL after three seconds. It only ever signals processes it
-saw as the driver's descendants running Ray, and psutil's checks keep a reused pid safe.
+running, and every Ray process these started since its last look (a worker a raylet
+spawned in the last half second): SIGTERM, then SIGKILL after three seconds. It only ever
+signals Ray processes descended from the driver, and psutil's checks keep a reused pid
+safe.
 """
 
 from __future__ import annotations
@@ -99,6 +101,13 @@ def main(argv: list[str]) -> None:
         ready, _, _ = select.select([sys.stdin], [], [], POLL_S)
         if ready and not os.read(sys.stdin.fileno(), 4096):
             break
+    for process in list(noted.values()):  # started since the last look: a raylet's new worker
+        for child in _descendants(psutil, process):
+            try:
+                if child.pid != me and is_ray(child.cmdline()):
+                    noted.setdefault(child.pid, child)
+            except psutil.Error:
+                continue
     alive = []
     for process in noted.values():
         try:
@@ -108,6 +117,13 @@ def main(argv: list[str]) -> None:
             continue
     _, left = psutil.wait_procs(alive, timeout=GRACE_S)
     kill(left)
+
+
+def _descendants(psutil: Any, process: Any) -> list[Any]:
+    try:
+        return process.children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 def kill(processes: list[Any]) -> None:
