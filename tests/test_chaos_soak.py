@@ -15,7 +15,7 @@ import pytest
 
 from fedkit.config.schema import validate
 from fedkit.core import runs
-from fedkit.core.ray_reaper import _psutil, is_ray
+from fedkit.core.ray_reaper import _psutil, is_ray, kill
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -54,11 +54,7 @@ def test_a_sigkilled_driver_takes_its_ray_processes_with_it_and_nothing_else(tmp
         assert alive == [], alive
         assert other.is_running()
     finally:
-        for process in (looks, other, reaper):
-            try:
-                process.kill()
-            except psutil.Error:
-                pass
+        kill([looks, other, reaper])
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="the reaper reads a POSIX process table")
@@ -99,11 +95,7 @@ def test_a_worker_started_just_before_the_driver_dies_is_ended_too(tmp_path):
         _, alive = psutil.wait_procs(processes, timeout=15)
         assert alive == [], alive
     finally:
-        for process in processes:
-            try:
-                process.kill()
-            except psutil.Error:
-                pass
+        kill(processes)
 
 
 def test_chaos_soak_short_ends_identical_with_nothing_left(tmp_path):

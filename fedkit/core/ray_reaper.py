@@ -83,31 +83,14 @@ def main(argv: list[str]) -> None:
         driver = psutil.Process(int(argv[0]))
     except psutil.NoSuchProcess:
         return
-    me, checked, noted = os.getpid(), set(), {}
+    checked, noted = {os.getpid()}, {}
     while True:
-        try:
-            children = driver.children(recursive=True)
-        except psutil.Error:
-            children = []
-        for child in children:
-            if child.pid in checked or child.pid == me:
-                continue
-            try:
-                if is_ray(child.cmdline()):
-                    noted[child.pid] = child
-                checked.add(child.pid)
-            except psutil.Error:
-                continue
+        _note_ray(psutil, _descendants(psutil, driver), checked, noted)
         ready, _, _ = select.select([sys.stdin], [], [], POLL_S)
         if ready and not os.read(sys.stdin.fileno(), 4096):
             break
     for process in list(noted.values()):  # started since the last look: a raylet's new worker
-        for child in _descendants(psutil, process):
-            try:
-                if child.pid != me and is_ray(child.cmdline()):
-                    noted.setdefault(child.pid, child)
-            except psutil.Error:
-                continue
+        _note_ray(psutil, _descendants(psutil, process), checked, noted)
     alive = []
     for process in noted.values():
         try:
@@ -117,6 +100,19 @@ def main(argv: list[str]) -> None:
             continue
     _, left = psutil.wait_procs(alive, timeout=GRACE_S)
     kill(left)
+
+
+def _note_ray(psutil: Any, processes: list[Any], checked: set[int], noted: dict) -> None:
+    """Add the Ray processes among ``processes`` not looked at before to ``noted``."""
+    for process in processes:
+        if process.pid in checked:
+            continue
+        try:
+            if is_ray(process.cmdline()):
+                noted[process.pid] = process
+            checked.add(process.pid)
+        except psutil.Error:
+            continue
 
 
 def _descendants(psutil: Any, process: Any) -> list[Any]:
