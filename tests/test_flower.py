@@ -35,10 +35,14 @@ class Recording:
     """The grid as the server uses it, keeping every reply it receives."""
 
     def __init__(self, grid):
-        self.grid, self.replies = grid, []
+        self.grid, self.replies, self.pushed = grid, [], []
 
     def __getattr__(self, name):
         return getattr(self.grid, name)
+
+    def push_messages(self, messages):
+        self.pushed.extend(messages)
+        return self.grid.push_messages(messages)
 
     def pull_messages(self, ids):
         replies = list(self.grid.pull_messages(ids))
@@ -175,5 +179,83 @@ def test_a_checkpoint_sends_no_message_and_names_the_files_the_nodes_wrote(link,
         assert sorted(files) == sorted(int(c) for c in row["clients"])
         for entry in files.values():
             assert sha256_bytes((out / MEMORIES / entry["file"]).read_bytes()) == entry["sha256"]
+    finally:
+        run.close()
+
+
+def test_deployed_nodes_are_told_which_files_no_kept_checkpoint_can_need(
+    link, tmp_path, monkeypatch
+):
+    """With nodes on their own disks, every message names the oldest round any of the
+    last ``keep_checkpoints + 1`` checkpoints names a file of, per client (none until that
+    many were written); a simulation's messages name none (the server prunes itself)."""
+    raw = tiny_recipe(
+        plugins=["fedavg", "fedbn"],
+        data={"num_clients": 4},
+        federation={"rounds": 6, "clients_per_round": 2},
+        engine={"executor": "flower"},
+    )
+    pushed = link.grid.pushed
+    pushed.clear()
+    monkeypatch.setattr(link, "remote", True)
+    out = tmp_path / "run"
+    runs.execute(runs.start(validate(raw), out), out)
+    trained = {row["round"]: {int(c) for c in row["clients"]} for row in logs.read_metrics(out)}
+
+    def last_trained(client: int, round: int) -> int | None:
+        return max((r for r in range(1, round + 1) if client in trained[r]), default=None)
+
+    seen = [(m.metadata.message_type, get_meta(m.content)) for m in pushed]
+    seen = [(kind, meta) for kind, meta in seen if kind in ("train", "evaluate")]
+    assert {kind for kind, _ in seen} == {"train", "evaluate"}
+    for _, meta in seen:  # round r follows the checkpoints of rounds 0..r-1; 2 are kept
+        window = range(meta["round"] - 3, meta["round"])
+        named = [r for s in window if s >= 0 and (r := last_trained(meta["client"], s))]
+        expected = min(named) if meta["round"] >= 3 and named else None
+        assert meta["prune"] == expected, meta
+    assert any(meta["prune"] for _, meta in seen)
+
+    monkeypatch.setattr(link, "remote", False)
+    pushed.clear()
+    runs.execute(runs.start(validate(raw), tmp_path / "simulated"), tmp_path / "simulated")
+    assert all(get_meta(m.content).get("prune") is None for m in pushed)
+
+
+def test_a_node_removes_files_no_checkpoint_can_name(tmp_path):
+    """A node removes its client's files before the round the server names, and the file
+    of a result the server did not accept; the file of what the client keeps stays."""
+    from flwr.app import RecordDict
+
+    from fedkit.core.engine import jobs
+    from fedkit.core.worker import Worker
+    from fedkit.flower.node import Node
+    from fedkit.flower.records import job_content, result_of
+
+    run = prepared(
+        tiny_recipe(plugins=["fedavg", "fedbn"], federation={"rounds": 6, "clients_per_round": 3})
+    )
+    folder = tmp_path / "memories"
+    try:
+        node = Node(Worker(run.executor.setup), run.executor.clients[1], folder)
+        state = RecordDict()
+
+        def train(round: int, settled, prune=None) -> str:
+            run.server.round = round
+            (job,) = jobs(run, [1])
+            reply = node.handle("train", job_content(job, [0], settled, prune), state)
+            result, _ = result_of(reply)
+            assert result.failure is None
+            return get_meta(reply)["memory"]["file"]
+
+        def files() -> list[str]:
+            return sorted(p.name for p in folder.glob("*.safetensors"))
+
+        names = [train(1, None), train(2, [1, 0]), train(3, [2, 0])]
+        assert files() == names
+        late = train(4, [3, 0])  # its result is not accepted: the next message settles round 3
+        train(5, [3, 0], prune=3)
+        assert files() == [names[2], "1.r000005.safetensors"] and late not in files()
+        train(6, [5, 0], prune=6)  # round 5's memory is kept: its file stays
+        assert files() == ["1.r000005.safetensors", "1.r000006.safetensors"]
     finally:
         run.close()

@@ -34,7 +34,7 @@ from flwr.app import ConfigRecord, Message
 from fedkit.core.executor import Population, StoreSpec
 from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, EvalResult
 from fedkit.errors import FedkitError
-from fedkit.flower.node import SETUP
+from fedkit.flower.node import ROUND_OF_FILE, SETUP
 from fedkit.flower.records import (
     eval_content,
     eval_result_of,
@@ -95,6 +95,8 @@ class FlowerExecutor:
         self.settled: dict[int, list[int]] = {}
         self.everything: set[int] = set()
         self.manifest: dict[int, dict[str, Any]] = {}
+        self.keep = recipe.engine.keep_checkpoints
+        self.checkpoints: list[dict[int, dict[str, Any]]] = []
         self.wire = {"down": 0, "up": 0}
         self.messages = 0
         self.nodes = self._setup(setup, store.folder, population)
@@ -234,7 +236,7 @@ class FlowerExecutor:
         began = time.monotonic()
         while pending:
             contents = {
-                cid: job_content(job, sorted(sent), self.settled.get(cid))
+                cid: job_content(job, sorted(sent), self.settled.get(cid), self.prune(cid))
                 for cid, (job, sent) in pending.items()
             }
             left = (
@@ -266,7 +268,10 @@ class FlowerExecutor:
 
     def evaluate(self, jobs: list[EvalJob]) -> Iterator[EvalResult]:
 
-        contents = {job.client: eval_content(job, self.settled.get(job.client)) for job in jobs}
+        contents = {
+            job.client: eval_content(job, self.settled.get(job.client), self.prune(job.client))
+            for job in jobs
+        }
         replies = self._send("evaluate", contents, self.timeout)
         for job in jobs:
             reply = replies.get(job.client)
@@ -287,7 +292,21 @@ class FlowerExecutor:
     def persist(self, folder: Path) -> dict[int, dict[str, str]]:
         """The file each client's node last wrote for an accepted result (names and
         hashes, from the train replies): a checkpoint sends nothing."""
+        self.checkpoints = [*self.checkpoints, dict(self.manifest)][-(self.keep + 1) :]
         return dict(self.manifest)
+
+    def prune(self, client: int) -> int | None:
+        """The round before which a deployed node may remove its client's files: the
+        oldest file any of the last ``keep_checkpoints + 1`` checkpoints names (the one
+        being written may fail, and resume then falls back to the older ones). ``None``
+        until that many were written since the run started or resumed (an older
+        checkpoint on disk may name an older file), in a simulation (the server prunes
+        its own folder), and when none of them names a file of the client."""
+        if not self.link.remote or len(self.checkpoints) <= self.keep:
+            return None
+        named = [entry["file"] for c in self.checkpoints if (entry := c.get(client))]
+        rounds = [int(m.group(1)) for name in named if (m := ROUND_OF_FILE.search(name))]
+        return min(rounds) if rounds and len(rounds) == len(named) else None
 
     def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None:
         """Every node takes back the memory the checkpoint names for its client (or
@@ -300,6 +319,7 @@ class FlowerExecutor:
             raise FedkitError("the nodes could not restore the checkpoint: " + "; ".join(problems))
         self.manifest = {cid: dict(e) for cid, e in entries.items() if e is not None}
         self.settled.clear()
+        self.checkpoints = []
 
     def memory(self, client: int) -> None:
         """``None``: a Flower node never sends what its client keeps (the engine never asks)."""

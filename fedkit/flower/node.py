@@ -11,6 +11,12 @@ A ``Node`` answers the server's messages (``fedkit.flower.records`` says how the
   which client it holds and how many samples it declares) and ``adopt`` (take a
   checkpoint's file back after a resume).
 
+Every message may carry ``prune``: the round below which no checkpoint the server keeps,
+or may still fall back to, names a file of this client. The node removes its client's
+older files then, and a file whose result the server did not accept at once (no
+checkpoint ever names it), so a node's folder holds what a resume could need, not every
+round's memory.
+
 A ``NodeHost`` is what a process that answers for nodes holds (a Ray actor of Flower's
 simulation, a deployment's node process): it builds each run's worker and each node's
 client once, from the setup kept in the node's state, and hands every message on.
@@ -56,7 +62,13 @@ from fedkit.flower.records import (
 from fedkit.plugin.registry import discover, registries
 from fedkit.rundir.atomic import write_bytes
 from fedkit.rundir.integrity import sha256_bytes
-from fedkit.rundir.store import ClientMemory, memory_bytes, memory_file, memory_of_bytes
+from fedkit.rundir.store import (
+    SUFFIX,
+    ClientMemory,
+    memory_bytes,
+    memory_file,
+    memory_of_bytes,
+)
 
 KEPT, STAGED = "fedkit.memory", "fedkit.staged"
 ROUND_OF_FILE = re.compile(r"\.r(\d+)\.")
@@ -88,24 +100,25 @@ class Node:
         return self.worker.setup
 
     def handle(self, kind: str, content: RecordDict, state: RecordDict) -> RecordDict:
-        """The reply to one message; ``state`` is the node's ``Context.state``."""
+        """The reply to one message; ``state`` is the node's ``Context.state``. Every
+        message first settles the staged memory, then prunes the node's folder."""
+        meta = get_meta(content)
+        self.settle(state, meta.get("settled"))
+        self.prune(state, meta.get("prune"))
         if kind == "train":
             return self.train(content, state)
         if kind == "evaluate":
-            job, settled = eval_of(content)
-            settle(state, settled)
+            job, _ = eval_of(content)
             memory = kept(state)
             return eval_result_content(self.worker.evaluate(job, self.data, memory, self.benchmark))
-        meta = get_meta(content)
-        settle(state, meta.get("settled"))
         action = meta["action"]
         if action == "adopt":
             return message({"error": self.adopt(state, meta["entry"])})
         raise ValueError(f"unknown query {action!r}")
 
     def train(self, content: RecordDict, state: RecordDict) -> RecordDict:
-        job, settled = job_of(content)
-        settle(state, settled)
+        """Run the job on what the client keeps; stage its new memory and write its file."""
+        job, _ = job_of(content)
         try:
             result, memory = self.worker.run_safely(job, self.data, kept(state))
         except MissingOffer as miss:
@@ -133,6 +146,27 @@ class Node:
         write_bytes(self.folder / name, raw)
         return {"file": name, "sha256": sha256_bytes(raw)}
 
+    def settle(self, state: RecordDict, settled: Any) -> None:
+        """``settle`` the staged memory; the file of one the server did not accept is
+        removed (no checkpoint names it)."""
+        staged = state[STAGED] if STAGED in state else None
+        settle(state, settled)
+        if staged is None or self.folder is None or accepted(staged, settled):
+            return
+        round = int(staged["round"])
+        if round != kept_round(state):
+            (self.folder / memory_file(self.data.id, round)).unlink(missing_ok=True)
+
+    def prune(self, state: RecordDict, below: int | None) -> None:
+        """Remove this client's files of rounds before ``below`` (never the kept one's)."""
+        if below is None or self.folder is None:
+            return
+        keep = kept_round(state)
+        for path in self.folder.glob(f"{self.data.id}.r*{SUFFIX}"):
+            match = ROUND_OF_FILE.search(path.name)
+            if match and int(match.group(1)) < below and int(match.group(1)) != keep:
+                path.unlink(missing_ok=True)
+
     def adopt(self, state: RecordDict, entry: dict[str, str] | None) -> str | None:
         """Take back the memory a checkpoint names (none: the client had not trained by
         then); an error text when the node's file is missing or damaged."""
@@ -158,9 +192,19 @@ def settle(state: RecordDict, settled: Any) -> None:
     if STAGED not in state:
         return
     staged = state[STAGED]
-    if settled is not None and [int(staged["round"]), int(staged["attempt"])] == list(settled):
+    if accepted(staged, settled):
         state[KEPT] = ConfigRecord({"bytes": staged["bytes"], "round": int(staged["round"])})
     del state[STAGED]
+
+
+def accepted(staged: ConfigRecord, settled: Any) -> bool:
+    """Whether ``settled`` (the server's word) names the staged memory's round and attempt."""
+    return settled is not None and [int(staged["round"]), int(staged["attempt"])] == list(settled)
+
+
+def kept_round(state: RecordDict) -> int | None:
+    """The round of the memory the client keeps (``None``: it keeps none)."""
+    return int(state[KEPT]["round"]) if KEPT in state else None
 
 
 def kept(state: RecordDict) -> ClientMemory | None:

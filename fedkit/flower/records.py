@@ -109,9 +109,12 @@ def wire_bytes(content: RecordDict) -> int:
     return total
 
 
-def job_content(job: ClientJob, sent: list[int], settled: Any) -> RecordDict:
-    """A train message: the job, the cluster states in ``sent``, and ``settled`` (which
-    staged memory of this client the server accepted)."""
+def job_content(
+    job: ClientJob, sent: list[int], settled: Any, prune: int | None = None
+) -> RecordDict:
+    """A train message: the job, the cluster states in ``sent``, ``settled`` (which
+    staged memory of this client the server accepted) and ``prune`` (the round before
+    which no kept checkpoint names a file of this client; ``None``: keep every file)."""
     meta = {
         "round": job.round,
         "client": job.client,
@@ -121,6 +124,7 @@ def job_content(job: ClientJob, sent: list[int], settled: Any) -> RecordDict:
         "pool": len(job.offers),
         "sent": sent,
         "settled": settled,
+        "prune": prune,
     }
     content = message(meta, down=job.extra)
     for cluster in sent:
@@ -178,13 +182,15 @@ def result_of(content: RecordDict) -> tuple[ClientResult, int | None]:
     return result, meta["need"]
 
 
-def eval_content(job: EvalJob, settled: Any) -> RecordDict:
+def eval_content(job: EvalJob, settled: Any, prune: int | None = None) -> RecordDict:
+    """An evaluate message: the job, with ``settled`` and ``prune`` as ``job_content``'s."""
     meta = {
         "round": job.round,
         "client": job.client,
         "cluster": job.cluster,
         "scores": list(job.scores),
         "settled": settled,
+        "prune": prune,
     }
     return message(meta, state=job.state)
 
