@@ -108,7 +108,7 @@ class Node:
         if kind == "train":
             return self.train(content, state)
         if kind == "evaluate":
-            job, _ = eval_of(content)
+            job = eval_of(content)
             memory = kept(state)
             return eval_result_content(self.worker.evaluate(job, self.data, memory, self.benchmark))
         action = meta["action"]
@@ -118,7 +118,7 @@ class Node:
 
     def train(self, content: RecordDict, state: RecordDict) -> RecordDict:
         """Run the job on what the client keeps; stage its new memory and write its file."""
-        job, _ = job_of(content)
+        job = job_of(content)
         try:
             result, memory = self.worker.run_safely(job, self.data, kept(state))
         except MissingOffer as miss:
@@ -149,13 +149,9 @@ class Node:
     def settle(self, state: RecordDict, settled: Any) -> None:
         """``settle`` the staged memory; the file of one the server did not accept is
         removed (no checkpoint names it)."""
-        staged = state[STAGED] if STAGED in state else None
-        settle(state, settled)
-        if staged is None or self.folder is None or accepted(staged, settled):
-            return
-        round = int(staged["round"])
-        if round != kept_round(state):
-            (self.folder / memory_file(self.data.id, round)).unlink(missing_ok=True)
+        dropped = settle(state, settled)
+        if dropped is not None and self.folder is not None and dropped != kept_round(state):
+            (self.folder / memory_file(self.data.id, dropped)).unlink(missing_ok=True)
 
     def prune(self, state: RecordDict, below: int | None) -> None:
         """Remove this client's files of rounds before ``below`` (never the kept one's)."""
@@ -186,20 +182,17 @@ class Node:
         return None
 
 
-def settle(state: RecordDict, settled: Any) -> None:
+def settle(state: RecordDict, settled: Any) -> int | None:
     """Keep a staged memory the server accepted (``settled`` names its round and
-    attempt), drop one it did not."""
+    attempt), drop one it did not; the round of a dropped one."""
     if STAGED not in state:
-        return
-    staged = state[STAGED]
-    if accepted(staged, settled):
-        state[KEPT] = ConfigRecord({"bytes": staged["bytes"], "round": int(staged["round"])})
-    del state[STAGED]
-
-
-def accepted(staged: ConfigRecord, settled: Any) -> bool:
-    """Whether ``settled`` (the server's word) names the staged memory's round and attempt."""
-    return settled is not None and [int(staged["round"]), int(staged["attempt"])] == list(settled)
+        return None
+    staged = state.pop(STAGED)
+    round = int(staged["round"])
+    if settled is not None and [round, int(staged["attempt"])] == list(settled):
+        state[KEPT] = ConfigRecord({"bytes": staged["bytes"], "round": round})
+        return None
+    return round
 
 
 def kept_round(state: RecordDict) -> int | None:

@@ -132,14 +132,14 @@ def job_content(
     return content
 
 
-def job_of(content: RecordDict) -> tuple[ClientJob, Any]:
+def job_of(content: RecordDict) -> ClientJob:
     meta = get_meta(content)
     offers = PartialOffers(
         meta["pool"], {c: get_state(content, f"offer.{c}") for c in meta["sent"]}
     )
     job = ClientJob(meta["round"], meta["client"], meta["seed"], offers)
     job.extra, job.fault, job.attempt = get_state(content, "down"), meta["fault"], meta["attempt"]
-    return job, meta["settled"]
+    return job
 
 
 def result_content(
@@ -195,13 +195,13 @@ def eval_content(job: EvalJob, settled: Any, prune: int | None = None) -> Record
     return message(meta, state=job.state)
 
 
-def eval_of(content: RecordDict) -> tuple[EvalJob, Any]:
+def eval_of(content: RecordDict) -> EvalJob:
     meta = get_meta(content)
     job = EvalJob(
         meta["round"], meta["client"], meta["cluster"], get_state(content, "state"),
         tuple(meta["scores"]),
     )  # fmt: skip
-    return job, meta["settled"]
+    return job
 
 
 def eval_result_content(result: EvalResult) -> RecordDict:
