@@ -2,8 +2,10 @@
 ``fedkit deploy node`` sites and ``fedkit deploy run``, every process started and ended
 by the test. The run gives the metrics, ledger and pool of the sequential executor; no
 message the server receives carries a private key or a client's memory; what clients
-keep is on their nodes, not in the run directory; and running it again with more rounds
-resumes from the checkpoint and the nodes' own files, to the sequential numbers."""
+keep is on their nodes, not in the run directory; running it again with more rounds
+resumes from the checkpoint and the nodes' own files, to the sequential numbers; and the
+SuperLink admits only the nodes whose keys were registered (TLS and node authentication,
+as docs/deploy.md sets them up)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ from fedkit.rundir import checkpoint, logs
 pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'fedkit[flower]')"
 )
+
+from fedkit.flower.keys import make_key_pair  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -128,8 +132,9 @@ def certificates(folder: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def federation(tmp_path):
-    """A SuperLink, three nodes holding partitions and a fourth holding a site's own
-    images; afterwards every one of their processes has ended."""
+    """A SuperLink that admits only registered nodes (TLS and node authentication), three
+    nodes holding partitions, a fourth holding a site's own images and a fifth whose key
+    was never registered; afterwards every one of their processes has ended."""
     port = free_port()
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr"), "FLWR_TELEMETRY_ENABLED": "0"}
     env["FEDKIT_FLOWER_AUDIT"] = str(tmp_path / "audit.jsonl")
@@ -140,7 +145,7 @@ def federation(tmp_path):
         str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(tls["ca"]),
         "--ssl-certfile", str(tls["cert"]), "--ssl-keyfile", str(tls["key"]),
         "--isolation", "subprocess", "--disable-runtime-dependency-installation",
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", "127.0.0.1", "--port", str(port), "--enable-supernode-auth",
     ]  # fmt: skip
     procs = [start(superlink, tmp_path / "superlink.log", env)]
     deadline = time.monotonic() + 60
@@ -154,16 +159,26 @@ def federation(tmp_path):
     site = tmp_path / "site"
     write_images(site / "train", {"3": 6, "7": 4})
     write_images(site / "test", {"3": 2, "7": 2}, seed=1)
-    for k in range(4):  # the fourth is a real site with its own images (--data)
+    keys = {k: tmp_path / "keys" / f"node{k}.key" for k in range(5)}
+    keys[0].parent.mkdir()
+    public = [make_key_pair(keys[k]) for k in range(5)]
+    admit = [
+        str(BIN / "fedkit"), "deploy", "register", *map(str, public[:4]),
+        "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(tls["ca"]),
+    ]  # fmt: skip
+    done = subprocess.run(admit, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.count("registered successfully") == 4
+    for k in range(5):  # the fourth is a real site with its own images (--data)
         node = [
             str(BIN / "fedkit"), "deploy", "node", "--superlink", f"127.0.0.1:{port}",
-            "--partition", str(k), "--dir", str(tmp_path / f"node{k}"),
-            "--root-certificates", str(tls["ca"]),
+            "--partition", str(k % 4), "--dir", str(tmp_path / f"node{k}"),
+            "--root-certificates", str(tls["ca"]), "--auth-key", str(keys[k]),
             *(["--data", str(site)] if k == 3 else []),
         ]  # fmt: skip
         procs.append(start(node, tmp_path / f"node{k}.log", env))
     try:
-        yield port, env
+        yield port, env, procs[-1]  # the fifth node's key was never registered
     finally:
         for proc in reversed(procs):
             stop(proc)
@@ -175,7 +190,7 @@ def federation(tmp_path):
 def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     federation, tmp_path
 ):
-    port, env = federation
+    port, env, intruder = federation
     raw = tiny_recipe(federation={"rounds": 2, "clients_per_round": 3}, plugins=["fedavg", "fedbn"])
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -236,3 +251,9 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     log = (tmp_path / "node3.log").read_text()
     assert "client 3 trains on 10 images and is tested on 4" in log
     assert "https://127.0.0.1" in (tmp_path / "superlink.log").read_text()  # TLS throughout
+
+    # node authentication: the node whose key was not registered was refused, and said so
+    assert intruder.wait(timeout=60) != 0
+    refused = (tmp_path / "node4.log").read_text()
+    assert "Failed to activate SuperNode" in refused and "the SuperNode stopped" in refused
+    assert not list((tmp_path / "node4" / "memories").glob("*"))

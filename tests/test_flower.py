@@ -259,3 +259,30 @@ def test_a_node_removes_files_no_checkpoint_can_name(tmp_path):
         assert files() == ["1.r000005.safetensors", "1.r000006.safetensors"]
     finally:
         run.close()
+
+
+def test_deploy_keygen_writes_a_key_pair_flower_accepts_and_never_replaces_one(
+    tmp_path, monkeypatch
+):
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+    from flwr.cli.supernode.register import try_load_public_key
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+    from typer.testing import CliRunner
+
+    from fedkit.cli.app import app
+
+    monkeypatch.chdir(tmp_path)  # short paths: the messages fit on one line
+    key = tmp_path / "node.key"
+    made = CliRunner().invoke(app, ["deploy", "keygen", "node.key"])
+    assert made.exit_code == 0, made.output
+    assert key.stat().st_mode & 0o777 == 0o600  # the node's secret: its owner only
+    private = load_ssh_private_key(key.read_bytes(), None)  # as the SuperNode reads it
+    registered = try_load_public_key(tmp_path / "node.key.pub")  # as `flwr supernode register`
+    assert registered == public_key_to_bytes(private.public_key())
+    before = key.read_bytes()
+    again = CliRunner().invoke(app, ["deploy", "keygen", "node.key"])
+    assert again.exit_code == 2 and "node.key exists" in again.output
+    assert key.read_bytes() == before and "Traceback" not in again.output
+    missing = ["deploy", "register", "other.pub", "--superlink", "127.0.0.1:1"]
+    refused = CliRunner().invoke(app, [*missing, "--insecure"])
+    assert refused.exit_code == 2 and "other.pub is not a file" in refused.output

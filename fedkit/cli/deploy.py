@@ -8,6 +8,7 @@ writes the Flower app (a ``pyproject.toml`` naming fedkit's ServerApp and Client
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -137,6 +139,9 @@ def node(
     supernode = subprocess.Popen(command, env=env, start_new_session=True)
 
     def stop(signum: int, frame: object) -> None:
+        code = supernode.poll()
+        if code:  # e.g. a SuperLink that requires node authentication refused this node
+            raise SystemExit(f"the SuperNode stopped with exit code {code} (Flower's reason above)")
         raise SystemExit(0)
 
     def watch() -> None:
@@ -188,27 +193,79 @@ def run(
 ) -> None:
     """Submit a recipe to a SuperLink (`flwr run`) and stream its log until it ends."""
     source = str(Path(recipe).resolve()) if Path(recipe).is_file() else recipe
-    connect = {"address": superlink}
-    connect.update({"insecure": True} if insecure else {})
-    flags = connection(insecure, root_certificates)
-    if not insecure:
-        connect["root-certificates"] = str(Path(flags[1]).resolve())
-    with tempfile.TemporaryDirectory(prefix="fedkit-flower-") as tmp:
-        home, app_dir = Path(tmp) / "home", Path(tmp) / "app"
-        home.mkdir()
+    with flower_home(superlink, insecure, root_certificates) as (env, tmp):
+        app_dir = tmp / "app"
         write_app(app_dir)
-        lines = ["[superlink]", 'default = "fedkit"', "[superlink.fedkit]"]
-        lines += [f"{k} = {_toml(v)}" for k, v in connect.items()]
-        (home / "config.toml").write_text("\n".join(lines) + "\n")
         values = {
             "recipe": source,
             "out": str(out.expanduser().resolve()),
             "set": ";".join(set or []),
         }
         config = " ".join(f"{k}={_toml(v)}" for k, v in values.items())
-        env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0"}
         command = [tool("flwr"), "run", str(app_dir), "fedkit", "--stream", "--run-config", config]
         raise typer.Exit(subprocess.call(command, env=env))
+
+
+@app.command("keygen")
+def keygen(
+    key: Annotated[
+        Path,
+        typer.Argument(help="Where to write the node's private key (its public key: KEY.pub)."),
+    ],
+) -> None:
+    """Make a node's key pair for SuperLink node authentication (P-384, OpenSSH format)."""
+    tool("flower-supernode")  # the flower extra (and its cryptography) is installed
+    from fedkit.flower.keys import make_key_pair
+
+    try:
+        public = make_key_pair(key.expanduser())
+    except (FileExistsError, FileNotFoundError) as error:
+        raise typer.BadParameter(str(error), param_hint="KEY") from None
+    typer.echo(f"wrote {key} (keep it on the node) and {public} (register it with the SuperLink)")
+
+
+@app.command("register")
+def register(
+    keys: Annotated[
+        list[Path], typer.Argument(help="Public keys of the nodes to admit (KEY.pub files).")
+    ],
+    superlink: Annotated[str, typer.Option(help="The SuperLink's Control API, host:port.")],
+    insecure: Insecure = False,
+    root_certificates: RootCertificates = None,
+) -> None:
+    """Admit nodes to a SuperLink started with --enable-supernode-auth (`flwr supernode
+    register`, once per key)."""
+    for key in keys:
+        if not key.is_file():
+            raise typer.BadParameter(f"{key} is not a file", param_hint="KEYS")
+    with flower_home(superlink, insecure, root_certificates) as (env, _):
+        for key in keys:
+            command = [tool("flwr"), "supernode", "register", str(key.resolve()), "fedkit"]
+            code = subprocess.call(command, env=env)
+            if code != 0:
+                typer.echo(f"{key}: the SuperLink did not register it (flwr exit {code})", err=True)
+                raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def flower_home(
+    superlink: str, insecure: bool, root_certificates: Path | None
+) -> Iterator[tuple[dict[str, str], Path]]:
+    """An environment whose ``FLWR_HOME`` names one SuperLink connection, ``fedkit``, for
+    Flower's CLI (``flwr run``, ``flwr supernode``), and a temporary folder beside it."""
+    connect: dict[str, object] = {"address": superlink}
+    flags = connection(insecure, root_certificates)
+    if insecure:
+        connect["insecure"] = True
+    else:
+        connect["root-certificates"] = str(Path(flags[1]).resolve())
+    with tempfile.TemporaryDirectory(prefix="fedkit-flower-") as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        lines = ["[superlink]", 'default = "fedkit"', "[superlink.fedkit]"]
+        lines += [f"{k} = {_toml(v)}" for k, v in connect.items()]
+        (home / "config.toml").write_text("\n".join(lines) + "\n")
+        yield {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0"}, Path(tmp)
 
 
 def _toml(value: object) -> str:
