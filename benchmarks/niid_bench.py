@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "niid_bench_fmnist.jsonl"
 METHODS = ("fedavg", "scaffold", "fedprox", "fednova")
@@ -36,10 +38,13 @@ NAMES = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "fedprox": "FedProx", "fedn
 PARTITIONS = {
     "iid": ["data.partition={name: iid}"],
     "dirichlet-0.5": ["data.partition={name: dirichlet, alpha: 0.5, min_size: 10, cap: true}"],
-    "labels-1": ["data.partition={name: labels_per_client, k: 1}"],
-    "labels-2": ["data.partition={name: labels_per_client, k: 2}"],
-    "labels-3": ["data.partition={name: labels_per_client, k: 3}"],
+    "labels-1": ["data.partition={name: labels_per_client, k: 1, draw_seed: SEED}"],
+    "labels-2": ["data.partition={name: labels_per_client, k: 2, draw_seed: SEED}"],
+    "labels-3": ["data.partition={name: labels_per_client, k: 3, draw_seed: SEED}"],
 }
+"""A partition's ``--set`` values; ``SEED`` stands for the cell's seed. The label skews
+draw their label sets as Flower's baseline does for that seed (``draw_seed``), so a
+seed-42 cell holds the label sets of Flower's seed-42 table."""
 FLOWER = {  # adap/flower baselines/niid_bench/README.md, Fashion-MNIST, seed 42
     "iid": (89.0, 89.5, 89.5, 89.3),
     "dirichlet-0.5": (88.4, 88.4, 88.6, 88.1),
@@ -61,6 +66,13 @@ PAPER_ORDER = ("fedavg", "fedprox", "scaffold", "fednova")
 DIVERGED_NOTE = (
     "‡ diverged: every client's training loss became non-finite and the run stopped; "
     "the figure is the last global test accuracy measured before that round"
+)
+OWN_DRAWS = ("labels-2", "labels-3")
+"""Label skews whose label sets depend on the draw (with one label, client i holds class i
+whichever generator draws)."""
+OWN_DRAWS_NOTE = (
+    "§ run before `draw_seed` existed: the label sets were drawn from fedkit's own "
+    "generator, not Flower's seed-42 sets"
 )
 PAPER_NOTE = (
     "† the paper's Table III as entered here, not yet checked against the paper "
@@ -96,7 +108,8 @@ def cell_command(method: str, partition: str, seed: int, args: argparse.Namespac
     out = args.out / f"{method}-{partition}-s{seed}"
     if (out / "recipe.yaml").exists():
         return [fedkit, "run", "--resume", str(out), "--quiet", "--no-report"]
-    sets = [f"data.root={args.root}", f"seed={seed}", *PARTITIONS[partition]]
+    partition_sets = [p.replace("SEED", str(seed)) for p in PARTITIONS[partition]]
+    sets = [f"data.root={args.root}", f"seed={seed}", *partition_sets]
     if args.rounds:
         sets.append(f"federation.rounds={args.rounds}")
     cmd = [fedkit, "run", f"niid-fmnist-{method}", "--out", str(out), "--quiet", "--no-report"]
@@ -165,11 +178,20 @@ def run_cells(
             print(f"done {cell}: {row}", flush=True)
 
 
+def draw_seed(out: Path) -> dict:
+    """``{"draw_seed": s}`` when the run's partition drew its label sets from seed ``s``
+    as Flower's baseline does (read from the run's own recipe), else nothing."""
+    recipe = yaml.safe_load((out / "recipe.yaml").read_text())
+    found = (recipe.get("data") or {}).get("partition", {}).get("draw_seed")
+    return {} if found is None else {"draw_seed": found}
+
+
 def niid_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict:
     method, partition, seed = cell
-    accuracy, seconds = final_accuracy(args.out / f"{method}-{partition}-s{seed}")
+    out = args.out / f"{method}-{partition}-s{seed}"
+    accuracy, seconds = final_accuracy(out)
     row = {"method": method, "partition": partition, "seed": seed, "accuracy": accuracy}
-    return {**row, "rounds": args.rounds or 50, "seconds": seconds}
+    return {**row, **draw_seed(out), "rounds": args.rounds or 50, "seconds": seconds}
 
 
 def diverged_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict | None:
@@ -179,7 +201,8 @@ def diverged_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict |
     if found is None:
         return None
     row = {"method": method, "partition": partition, "seed": seed}
-    return {**row, **found, "rounds": args.rounds or 50}
+    out = args.out / f"{method}-{partition}-s{seed}"
+    return {**row, **found, **draw_seed(out), "rounds": args.rounds or 50}
 
 
 def table(rows: list[dict]) -> str:
@@ -193,6 +216,8 @@ def table(rows: list[dict]) -> str:
             cell = [r for r in rows if (r["method"], r["partition"]) == (method, partition)]
             found = [r["accuracy"] for r in cell]
             mark = "‡" if any("diverged" in r for r in cell) else ""
+            if partition in OWN_DRAWS and any("draw_seed" not in r for r in cell):
+                mark += "§"
             flower = FLOWER[partition][FLOWER_ORDER.index(method)]
             paper = PAPER[partition][PAPER_ORDER.index(method)]
             if found:
@@ -205,7 +230,7 @@ def table(rows: list[dict]) -> str:
                 f"| {partition} | {NAMES[method]} | {ours} | {len(found)} | {flower:.1f} "
                 f"| {paper:.1f} | {gap} |"
             )
-    return "\n".join([*lines, "", PAPER_NOTE, DIVERGED_NOTE])
+    return "\n".join([*lines, "", PAPER_NOTE, DIVERGED_NOTE, OWN_DRAWS_NOTE])
 
 
 def main() -> None:

@@ -210,6 +210,26 @@ def test_labels_per_client_draws_the_other_classes_from_the_rng():
     assert a != b
 
 
+FLOWER_SEED_42 = {  # the label sets of Flower's niid_bench baseline, seed 42, 10 clients
+    2: [[0, 7], [1, 6], [2, 4], [3, 4], [4, 8], [5, 0], [6, 2], [7, 0], [8, 5], [9, 7]],
+    3: [[0, 7, 6], [1, 4, 8], [2, 0, 6], [3, 2, 0], [4, 5, 9], [5, 7, 1], [6, 8, 4],
+        [7, 5, 3], [8, 1, 9], [9, 7, 6]],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_labels_per_client_with_a_draw_seed_holds_the_published_tables_label_sets(k):
+    labels = _labels(per_class=60)
+    part = _split(labels, "labels_per_client", k=k, draw_seed=42, seed=0)
+    assert part.client_classes == [sorted(held) for held in FLOWER_SEED_42[k]]
+    other = _split(labels, "labels_per_client", k=k, draw_seed=42, seed=7)  # the run's seed
+    assert all(np.array_equal(a, b) for a, b in zip(part.clients, other.clients, strict=True))
+    plain = _split(labels, "labels_per_client", k=k, seed=0)
+    assert plain.client_classes != part.client_classes
+    with pytest.raises(RecipeError, match="data.partition.draw_seed"):
+        _split(labels, "labels_per_client", k=k, draw_seed=-1)
+
+
 def test_capped_dirichlet_gives_no_later_class_to_a_client_at_its_even_share():
     labels = _labels(per_class=500)
     part = _split(labels, "dirichlet", alpha=0.1, cap=True)

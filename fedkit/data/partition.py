@@ -194,20 +194,37 @@ def _shards(
 
 
 def labels_per_client(
-    labels: np.ndarray, num_clients: int, rng: np.random.Generator, k: int
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    k: int,
+    draw_seed: int | None = None,
 ) -> Partition:
     """NIID-Bench's "#C=k" label skew: client ``i`` holds class ``i mod K`` and ``k - 1``
     other classes drawn at random (distinct), and each class's images are cut into equal
-    shards among the clients that hold it (a class nobody holds is left out)."""
+    shards among the clients that hold it (a class nobody holds is left out).
+
+    With ``draw_seed`` the draws come from ``numpy.random.default_rng(draw_seed)``, in the
+    order of NIID-Bench's code as Flower's baseline runs it (a class drawn among all K
+    until it is a new one, then each class shuffled and cut), instead of from the run's
+    generator: a run then holds the label sets of that code's table for the same seed."""
     classes = np.unique(labels)
     _number("k", k, integer=True, minimum=1)
     if k > len(classes):
         raise RecipeError("data.partition.k", f"at most {len(classes)} (the classes)", k)
+    if draw_seed is not None:
+        _number("draw_seed", draw_seed, integer=True, minimum=0)
+        rng = np.random.default_rng(draw_seed)
     held = []
     for i in range(num_clients):
         own = [int(classes[i % len(classes)])]
-        others = [int(c) for c in classes if c != own[0]]
-        own += [int(c) for c in rng.choice(others, size=k - 1, replace=False)]
+        if draw_seed is None:
+            others = [int(c) for c in classes if c != own[0]]
+            own += [int(c) for c in rng.choice(others, size=k - 1, replace=False)]
+        while len(own) < k:
+            drawn = int(classes[rng.choice(len(classes), 1)[0]])
+            if drawn not in own:
+                own.append(drawn)
         held.append(own)
     return _shards(labels, classes, held, rng)
 
