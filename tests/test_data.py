@@ -15,6 +15,7 @@ from fedkit.data import datasets, partition_table, render_partition, save_partit
 from fedkit.data import federated as fed
 from fedkit.errors import RecipeError
 from fedkit.plugin.registry import registries
+from fedkit.training.batching import normalize
 
 
 def load_split(cfg: DataConfig, split: str):
@@ -74,6 +75,16 @@ def test_stats_come_from_train_and_normalise(digits8):
     assert torch.equal(train.normalized([3, 5]), x[[3, 5]])
     sub = train.subset(np.array([0, 2]))
     assert len(sub) == 2 and sub.mean == train.mean
+
+
+def test_standardize_false_feeds_images_on_the_0_to_1_scale():
+    train, test = load_splits(DataConfig(dataset="digits", image_size=8, standardize=False))
+    expected = train.images.float() / 255.0
+    assert torch.equal(train.normalized(), expected)  # what evaluation reads
+    assert torch.equal(normalize(train.images, train), expected)  # what training batches read
+    assert test.mean == train.mean == (0.0, 0.0, 0.0) and test.std == (1.0, 1.0, 1.0)
+    federated = build_federated_data(DataConfig(dataset="digits", standardize=False), 0)
+    assert federated.train.mean == (0.0, 0.0, 0.0)  # clients' sets, and what nodes are sent
 
 
 def test_max_train_and_max_test_keep_balanced_subsets():

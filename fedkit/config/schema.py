@@ -59,6 +59,7 @@ class DataConfig(Section):
     local_test_size: int = Field(100, gt=0)
     max_train: int | None = Field(None, gt=0)
     max_test: int | None = Field(None, gt=0)
+    standardize: bool = True
 
     @field_validator("partition", mode="before")
     @classmethod

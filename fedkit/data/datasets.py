@@ -107,14 +107,14 @@ def load_split(cfg: DataConfig, split: str, dataset: Dataset) -> ImageSet:
         raise ValueError(f"split must be one of {dataset.splits}, not {split!r}")
     train = _load_limited(cfg, "train", dataset)
     if split == "train":
-        return _with_stats(train, _stats(train))
-    return _with_stats(_load_limited(cfg, split, dataset), _stats(train))
+        return _with_stats(train, input_stats(cfg, train))
+    return _with_stats(_load_limited(cfg, split, dataset), input_stats(cfg, train))
 
 
 def load_splits(cfg: DataConfig, dataset: Dataset) -> tuple[ImageSet, ImageSet]:
     """Load the train and test splits of ``dataset`` with the train split's stats."""
     train = _load_limited(cfg, "train", dataset)
-    stats = _stats(train)
+    stats = input_stats(cfg, train)
     return _with_stats(train, stats), _with_stats(_load_limited(cfg, "test", dataset), stats)
 
 
@@ -170,6 +170,17 @@ def _load_limited(cfg: DataConfig, split: str, dataset: Dataset) -> RawImages:
         images, labels = images[keep], labels[keep]
     images = _to_rgb(images) if images.dim() == 3 else images
     return RawImages(_resize(images, cfg.image_size), labels, raw.classes)
+
+
+UNSCALED: Stats = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+"""The statistics that leave inputs on the 0..1 scale (``data.standardize: false``)."""
+
+
+def input_stats(cfg: DataConfig, train: RawImages) -> Stats:
+    """What every loop standardises inputs with: the train split's per-channel mean and
+    std, or ``UNSCALED`` when the recipe keeps images on the 0..1 scale (as benchmarks
+    that feed ``ToTensor()`` output do, NIID-Bench's among them)."""
+    return _stats(train) if cfg.standardize else UNSCALED
 
 
 def _stats(raw: RawImages) -> Stats:
