@@ -74,6 +74,10 @@ OWN_DRAWS_NOTE = (
     "§ run before `draw_seed` existed: the label sets were drawn from fedkit's own "
     "generator, not Flower's seed-42 sets"
 )
+STANDARDIZED_NOTE = (
+    "¶ inputs standardised with the train split's mean and std (fedkit's only behaviour "
+    "before `data.standardize`), not NIID-Bench's 0..1 inputs"
+)
 PAPER_NOTE = (
     "† the paper's Table III as entered here, not yet checked against the paper "
     "(it could not be opened offline); Flower's column matches its README"
@@ -178,12 +182,20 @@ def run_cells(
             print(f"done {cell}: {row}", flush=True)
 
 
-def draw_seed(out: Path) -> dict:
-    """``{"draw_seed": s}`` when the run's partition drew its label sets from seed ``s``
-    as Flower's baseline does (read from the run's own recipe), else nothing."""
-    recipe = yaml.safe_load((out / "recipe.yaml").read_text())
-    found = (recipe.get("data") or {}).get("partition", {}).get("draw_seed")
-    return {} if found is None else {"draw_seed": found}
+def provenance(out: Path) -> dict:
+    """What of a row's set-up changed while the table was measured, read from the run's own
+    recipe: ``standardize`` (inputs standardised, or on NIID-Bench's 0..1 scale), and
+    ``draw_seed`` when the label sets were drawn as Flower's baseline draws them."""
+    data = yaml.safe_load((out / "recipe.yaml").read_text()).get("data") or {}
+    found = {"standardize": bool(data.get("standardize", True))}
+    seed = (data.get("partition") or {}).get("draw_seed")
+    return found if seed is None else {**found, "draw_seed": seed}
+
+
+def standardized(row: dict) -> bool:
+    """A row whose run standardised its inputs (rows from before ``standardize`` was
+    recorded all did: it was fedkit's only behaviour then)."""
+    return row.get("standardize", True)
 
 
 def niid_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict:
@@ -191,7 +203,7 @@ def niid_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict:
     out = args.out / f"{method}-{partition}-s{seed}"
     accuracy, seconds = final_accuracy(out)
     row = {"method": method, "partition": partition, "seed": seed, "accuracy": accuracy}
-    return {**row, **draw_seed(out), "rounds": args.rounds or 50, "seconds": seconds}
+    return {**row, **provenance(out), "rounds": args.rounds or 50, "seconds": seconds}
 
 
 def diverged_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict | None:
@@ -202,7 +214,7 @@ def diverged_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict |
         return None
     row = {"method": method, "partition": partition, "seed": seed}
     out = args.out / f"{method}-{partition}-s{seed}"
-    return {**row, **found, **draw_seed(out), "rounds": args.rounds or 50}
+    return {**row, **found, **provenance(out), "rounds": args.rounds or 50}
 
 
 def table(rows: list[dict]) -> str:
@@ -214,10 +226,14 @@ def table(rows: list[dict]) -> str:
     for partition in PARTITIONS:
         for method in METHODS:
             cell = [r for r in rows if (r["method"], r["partition"]) == (method, partition)]
+            if any(not standardized(r) for r in cell):  # NIID-Bench's inputs, where measured
+                cell = [r for r in cell if not standardized(r)]
             found = [r["accuracy"] for r in cell]
             mark = "‡" if any("diverged" in r for r in cell) else ""
             if partition in OWN_DRAWS and any("draw_seed" not in r for r in cell):
                 mark += "§"
+            if any(standardized(r) for r in cell):
+                mark += "¶"
             flower = FLOWER[partition][FLOWER_ORDER.index(method)]
             paper = PAPER[partition][PAPER_ORDER.index(method)]
             if found:
@@ -230,7 +246,8 @@ def table(rows: list[dict]) -> str:
                 f"| {partition} | {NAMES[method]} | {ours} | {len(found)} | {flower:.1f} "
                 f"| {paper:.1f} | {gap} |"
             )
-    return "\n".join([*lines, "", PAPER_NOTE, DIVERGED_NOTE, OWN_DRAWS_NOTE])
+    notes = [PAPER_NOTE, DIVERGED_NOTE, OWN_DRAWS_NOTE, STANDARDIZED_NOTE]
+    return "\n".join([*lines, "", *notes])
 
 
 def main() -> None:
@@ -246,6 +263,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/niid-bench"))
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--table", action="store_true", help="only print the table")
+    parser.add_argument("--redo-standardized", action="store_true",
+                        help="rerun cells measured only with standardised inputs")  # fmt: skip
     args = parser.parse_args()
     if args.results is None:
         suffix = f"-r{args.rounds}" if args.rounds else ""
@@ -253,7 +272,10 @@ def main() -> None:
     if args.rounds:
         args.out = args.out.with_name(f"{args.out.name}-r{args.rounds}")
     if not args.table:
-        done = {(r["method"], r["partition"], r["seed"]) for r in read_rows(args.results)}
+        rows = read_rows(args.results)
+        if args.redo_standardized:
+            rows = [r for r in rows if not standardized(r)]
+        done = {(r["method"], r["partition"], r["seed"]) for r in rows}
         cells = [(m, p, s) for s in args.seeds for p in args.partitions for m in args.methods]
         cells += [(m, "dirichlet-0.5", s) for s in args.extra_seeds for m in args.methods]
         todo = [c for c in dict.fromkeys(cells) if c not in done]
