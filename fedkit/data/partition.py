@@ -221,10 +221,11 @@ def labels_per_client(
         if draw_seed is None:
             others = [int(c) for c in classes if c != own[0]]
             own += [int(c) for c in rng.choice(others, size=k - 1, replace=False)]
-        while len(own) < k:
-            drawn = int(classes[rng.choice(len(classes), 1)[0]])
-            if drawn not in own:
-                own.append(drawn)
+        else:
+            while len(own) < k:
+                drawn = int(classes[rng.choice(len(classes), 1)[0]])
+                if drawn not in own:
+                    own.append(drawn)
         held.append(own)
     return _shards(labels, classes, held, rng)
 
