@@ -33,7 +33,7 @@ pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'fedkit[flower]')"
 )
 
-from fedkit.flower.keys import make_key_pair  # noqa: E402
+from fedkit.flower.node_keys import make_key_pair  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -50,9 +50,12 @@ def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Pope
     )
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to every process group at once, then wait for each (SIGKILL after 20 s)."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
         os.killpg(proc.pid, signal.SIGTERM)
+    for proc in running:
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -180,8 +183,8 @@ def federation(tmp_path):
     try:
         yield port, env, procs[-1]  # the fifth node's key was never registered
     finally:
-        for proc in reversed(procs):
-            stop(proc)
+        stop(procs[1:])  # the nodes first, so none is left asking a SuperLink that is gone
+        stop(procs[:1])
         time.sleep(0.5)
         left = [pid for proc in procs for pid in group_members(proc.pid)]
         assert left == [], f"processes left behind: {left}"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import tiny_recipe
 from test_resume import checkpoint_round, fedkit
 from typer.testing import CliRunner
@@ -245,6 +246,22 @@ def test_an_edited_recipe_is_refused_with_the_changes(reference, tmp_path):
     assert result.exit_code == 2
     assert "federation.optimizer.lr: 0.003 → 0.1" in " ".join(result.output.split())
     assert snapshot_files(out) == before
+
+
+def test_a_run_from_before_a_new_recipe_key_resumes_with_its_default(reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference / "half", out)
+    saved = checkpoint.read(out).sidecar["recipe"]
+    del saved["data"]["standardize"]  # what a fedkit without data.standardize wrote
+    old = yaml.safe_load((out / "recipe.yaml").read_text())
+    del old["data"]["standardize"]
+    (out / "recipe.yaml").write_text(yaml.safe_dump(old))
+    recipe, notes = runs.resumed_recipe(out, saved, [])
+    assert recipe.data.standardize is True and notes == []
+    edited = json.loads(json.dumps(saved))
+    edited["data"]["standardize"] = False  # one copy naming another value is a change
+    with pytest.raises(FedkitError, match="data.standardize: False → True"):
+        runs.resumed_recipe(out, edited, [])
 
 
 def test_resume_accepts_only_safe_changes_and_extends_a_finished_run(reference, tmp_path):

@@ -215,7 +215,7 @@ def keygen(
 ) -> None:
     """Make a node's key pair for SuperLink node authentication (P-384, OpenSSH format)."""
     tool("flower-supernode")  # the flower extra (and its cryptography) is installed
-    from fedkit.flower.keys import make_key_pair
+    from fedkit.flower.node_keys import make_key_pair
 
     try:
         public = make_key_pair(key.expanduser())

@@ -132,8 +132,12 @@ def resumed_recipe(
     """The recipe to continue with: the one the checkpoint was written with, plus the
     ``--set`` overrides ``--resume`` accepts (``federation.rounds``, ``evaluation.*``).
     A ``recipe.yaml`` edited by hand is refused with the changed keys; a damaged one is
-    rebuilt from the checkpoint's copy."""
+    rebuilt from the checkpoint's copy. A key a later fedkit added, which neither copy
+    names, is no change: both take its default, so a run started before an upgrade
+    resumes after it."""
     notes: list[str] = []
+    # keys added to fedkit since the checkpoint was written take their defaults on both sides
+    saved = validate(json.loads(json.dumps(saved)), file=str(out / RECIPE)).model_dump(mode="json")
     try:
         current = load_recipe(out / RECIPE).model_dump(mode="json")
     except (RecipeError, UnicodeDecodeError, OSError) as exc:
