@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile -e '.[dev]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
-	$(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" fedkit plugins || true
+	$(BIN)/python -m compileall -qq -j 0 -x "/tests?/" "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" fedkit plugins || true
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -239,12 +239,17 @@ def register(
         if not key.is_file():
             raise typer.BadParameter(f"{key} is not a file", param_hint="KEYS")
     with flower_home(superlink, insecure, root_certificates) as (env, _):
-        for key in keys:
-            command = [tool("flwr"), "supernode", "register", str(key.resolve()), "fedkit"]
-            code = subprocess.call(command, env=env)
+        flwr = tool("flwr")
+        calls = [  # one Flower CLI process per key, all at once: each spends ~1.5 s starting
+            subprocess.Popen([flwr, "supernode", "register", str(key.resolve()), "fedkit"], env=env)
+            for key in keys
+        ]
+        codes = [(key, call.wait()) for key, call in zip(keys, calls, strict=True)]
+        for key, code in codes:
             if code != 0:
                 typer.echo(f"{key}: the SuperLink did not register it (flwr exit {code})", err=True)
-                raise typer.Exit(1)
+        if any(code != 0 for _, code in codes):
+            raise typer.Exit(1)
 
 
 @contextlib.contextmanager
