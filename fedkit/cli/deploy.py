@@ -258,12 +258,12 @@ def flower_home(
 ) -> Iterator[tuple[dict[str, str], Path]]:
     """An environment whose ``FLWR_HOME`` names one SuperLink connection, ``fedkit``, for
     Flower's CLI (``flwr run``, ``flwr supernode``), and a temporary folder beside it."""
+    connection(insecure, root_certificates)  # one of the two is given, or a clear error
     connect: dict[str, object] = {"address": superlink}
-    flags = connection(insecure, root_certificates)
-    if insecure:
+    if insecure or root_certificates is None:
         connect["insecure"] = True
     else:
-        connect["root-certificates"] = str(Path(flags[1]).resolve())
+        connect["root-certificates"] = str(root_certificates.resolve())
     with tempfile.TemporaryDirectory(prefix="fedkit-flower-") as tmp:
         home = Path(tmp) / "home"
         home.mkdir()
