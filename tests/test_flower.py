@@ -261,6 +261,76 @@ def test_a_node_removes_files_no_checkpoint_can_name(tmp_path):
         run.close()
 
 
+def setup_message(run, token: str):
+    """The ``setup`` query the server sends a node at a run's start."""
+    import dataclasses
+    import pickle
+
+    from flwr.app import ConfigRecord
+
+    from fedkit.flower.node import SETUP
+    from fedkit.flower.records import message
+
+    shared = run.executor.clients[0].train
+    meta = {
+        "action": "setup", "token": token, "recipe": run.recipe.model_dump(mode="json"),
+        "folder": None, "trusted": [], "classes": list(shared.classes),
+        "stats": [list(shared.mean), list(shared.std)],
+    }  # fmt: skip
+    content = message(meta)
+    setup = dataclasses.replace(run.executor.setup, recipe=None, available=None)
+    content[SETUP] = ConfigRecord({"bytes": pickle.dumps(setup)})
+    return content
+
+
+def state_bytes(state) -> int:
+    return sum(
+        len(v) for r in state.config_records.values() for v in r.values() if isinstance(v, bytes)
+    )
+
+
+def test_a_deployed_nodes_state_names_its_files_and_trains_as_one_that_holds_bytes(tmp_path):
+    """Flower moves a node's whole state with every message: a resident host (a deployed
+    node's process) keeps the setup itself and the state names the memory's file, and
+    its client trains exactly as one whose state holds the bytes."""
+    from flwr.app import RecordDict
+
+    from fedkit.core.engine import jobs
+    from fedkit.flower.node import NodeHost
+    from fedkit.flower.records import job_content, result_of
+
+    run = prepared(
+        tiny_recipe(plugins=["fedavg", "fedbn"], federation={"rounds": 3, "clients_per_round": 3})
+    )
+    try:
+        hosts = {
+            "resident": (NodeHost(tmp_path / "a", (), resident=True), RecordDict()),
+            "bytes": (NodeHost(None, ()), RecordDict()),
+        }
+        uploads = {}
+        for name, (host, state) in hosts.items():
+            assert get_meta(host.handle("query", setup_message(run, name), state, 1))["client"] == 1
+            for round, settled in ((1, None), (2, [1, 0]), (3, [2, 0])):
+                run.server.round = round
+                (job,) = jobs(run, [1])
+                reply = host.handle("train", job_content(job, [0], settled), state, 1)
+                result, _ = result_of(reply)
+                assert result.failure is None
+            uploads[name] = result.upload
+        resident_state, bytes_state = hosts["resident"][1], hosts["bytes"][1]
+        assert state_bytes(resident_state) == 0  # names and rounds only
+        assert state_bytes(bytes_state) > 100_000  # the setup and the memories
+        assert {k: v.tolist() for k, v in uploads["resident"].items()} == {
+            k: v.tolist() for k, v in uploads["bytes"].items()
+        }  # round 3 trained on the memory of round 2, read back from its file
+        fresh = NodeHost(tmp_path / "a", (), resident=True)  # the process was restarted
+        (job,) = jobs(run, [1])
+        with pytest.raises(RuntimeError, match="no longer holds the run's setup"):
+            fresh.handle("train", job_content(job, [0], [3, 0]), resident_state, 1)
+    finally:
+        run.close()
+
+
 def test_deploy_keygen_writes_a_key_pair_flower_accepts_and_never_replaces_one(
     tmp_path, monkeypatch
 ):

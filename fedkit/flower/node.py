@@ -21,10 +21,16 @@ A ``NodeHost`` is what a process that answers for nodes holds (a Ray actor of Fl
 simulation, a deployment's node process): it builds each run's worker and each node's
 client once, from the setup kept in the node's state, and hands every message on.
 
-What the client keeps lives in the node's Flower ``Context.state``, never in a message.
-A new memory is *staged* until the server says (in its next message) that it accepted
-the result that produced it, so a client whose answer came too late keeps what it had,
-as under the other executors.
+What the client keeps lives on the node, never in a message: in the node's Flower
+``Context.state``, or, when the node has a folder of its own (a deployment), in the file
+the node writes anyway, which the state then names. A new memory is *staged* until the
+server says (in its next message) that it accepted the result that produced it, so a
+client whose answer came too late keeps what it had, as under the other executors.
+
+Flower moves a node's whole ``Context`` to the process that answers each message and
+back. So what the state holds crosses twice per message: a deployment node's state holds
+names, not bytes, and a ``resident`` host (one process for the node's whole life, as
+``fedkit deploy node`` runs) keeps the run's setup in its own memory.
 """
 
 from __future__ import annotations
@@ -84,9 +90,12 @@ class Node:
         data: ClientData,
         folder: Path | None,
         benchmark: Callable[[], Benchmark | None] = lambda: None,
+        by_name: bool = False,
     ) -> None:
         self.worker, self.data, self.folder = worker, data, folder
         self._benchmark = benchmark
+        self.by_name = by_name and folder is not None
+        """The state names the memory's file in ``folder`` instead of holding its bytes."""
         setup = worker.setup
         self.category = categories(frozenset(worker.template_state), setup.auxiliary)
 
@@ -109,7 +118,7 @@ class Node:
             return self.train(content, state)
         if kind == "evaluate":
             job = eval_of(content)
-            memory = kept(state)
+            memory = self.kept(state)
             return eval_result_content(self.worker.evaluate(job, self.data, memory, self.benchmark))
         action = meta["action"]
         if action == "adopt":
@@ -120,7 +129,7 @@ class Node:
         """Run the job on what the client keeps; stage its new memory and write its file."""
         job = job_of(content)
         try:
-            result, memory = self.worker.run_safely(job, self.data, kept(state))
+            result, memory = self.worker.run_safely(job, self.data, self.kept(state))
         except MissingOffer as miss:
             return result_content(
                 ClientResult.failed(job.client, "", ""), self.category, miss.cluster
@@ -131,9 +140,19 @@ class Node:
         entry = None
         if result.failure is None and memory is not None:
             raw = memory_bytes(memory)
-            state[STAGED] = ConfigRecord({"bytes": raw, "round": job.round, "attempt": job.attempt})
             entry = self.write(raw, job.round)
+            held = {"file": entry["file"]} if self.by_name and entry else {"bytes": raw}
+            state[STAGED] = ConfigRecord({**held, "round": job.round, "attempt": job.attempt})
         return result_content(result, self.category, memory=entry)
+
+    def kept(self, state: RecordDict) -> ClientMemory | None:
+        """The memory the client keeps: from the node's state, or the file it names."""
+        if KEPT not in state:
+            return None
+        record = state[KEPT]
+        if "file" in record:
+            return memory_of_bytes(((self.folder or Path(".")) / str(record["file"])).read_bytes())
+        return memory_of_bytes(record["bytes"])
 
     def write(self, raw: bytes, round: int) -> dict[str, str] | None:
         """Write a new memory to the node's folder as the client trains (so a checkpoint
@@ -178,7 +197,8 @@ class Node:
         if sha256_bytes(raw) != entry["sha256"]:
             return f"{path} does not match the checkpoint's hash"
         match = ROUND_OF_FILE.search(entry["file"])
-        state[KEPT] = ConfigRecord({"bytes": raw, "round": int(match.group(1)) if match else 0})
+        held = {"file": entry["file"]} if self.by_name else {"bytes": raw}
+        state[KEPT] = ConfigRecord({**held, "round": int(match.group(1)) if match else 0})
         return None
 
 
@@ -190,7 +210,8 @@ def settle(state: RecordDict, settled: Any) -> int | None:
     staged = state.pop(STAGED)
     round = int(staged["round"])
     if settled is not None and [round, int(staged["attempt"])] == list(settled):
-        state[KEPT] = ConfigRecord({"bytes": staged["bytes"], "round": round})
+        held = {k: staged[k] for k in ("bytes", "file") if k in staged}
+        state[KEPT] = ConfigRecord({**held, "round": round})
         return None
     return round
 
@@ -198,13 +219,6 @@ def settle(state: RecordDict, settled: Any) -> int | None:
 def kept_round(state: RecordDict) -> int | None:
     """The round of the memory the client keeps (``None``: it keeps none)."""
     return int(state[KEPT]["round"]) if KEPT in state else None
-
-
-def kept(state: RecordDict) -> ClientMemory | None:
-    """The client's memory in the node's state."""
-    if KEPT not in state:
-        return None
-    return memory_of_bytes(state[KEPT]["bytes"])
 
 
 def threads(count: int) -> None:
@@ -225,15 +239,19 @@ class NodeHost:
     machine). ``trusted`` are the packages, besides fedkit's own, whose classes a setup
     may rebuild; ``None`` trusts the modules the server lists (a simulation only).
     ``site`` is a real site's own ImageFolder (``fedkit.data.site``): its client trains
-    and evaluates on those images instead of a partition of the recipe's data set."""
+    and evaluates on those images instead of a partition of the recipe's data set.
+    ``resident``: this host lives as long as the node it answers for, so the run's setup
+    stays here rather than in the node's state (see the module docstring)."""
 
     def __init__(
         self,
         folder: Path | None = None,
         trusted: tuple[str, ...] | None = None,
         site: Path | None = None,
+        resident: bool = False,
     ) -> None:
         self.folder, self.trusted, self.site = folder, trusted, site
+        self.resident = resident
         self.runs: dict[str, dict[str, Any]] = {}
         self.nodes: dict[tuple[str, int], Node | None] = {}
 
@@ -253,8 +271,11 @@ class NodeHost:
         meta = get_meta(content)
         for key in (KEPT, STAGED):
             state.pop(key, None)
-        state[SETUP] = ConfigRecord({"bytes": content[SETUP]["bytes"], "meta": json.dumps(meta)})
+        raw = content[SETUP]["bytes"]
+        held = {} if self.resident else {"bytes": raw}
+        state[SETUP] = ConfigRecord({**held, "meta": json.dumps(meta)})
         state[RUN] = ConfigRecord({"token": meta["token"]})
+        self.run(meta["token"], state, raw)
         node = self.node(state, partition)
         if node is None:
             return message({"client": None})
@@ -279,23 +300,32 @@ class NodeHost:
                     file=sys.stderr,
                     flush=True,
                 )
-                self.nodes[token, partition] = Node(run["worker"], data, run["folder"])
+                self.nodes[token, partition] = Node(
+                    run["worker"], data, run["folder"], by_name=self.folder is not None
+                )
             else:
                 client = run["data"].client(partition)
                 self.nodes[token, partition] = Node(
-                    run["worker"], client, run["folder"], run["benchmark"]
+                    run["worker"], client, run["folder"], run["benchmark"], self.folder is not None
                 )
         return self.nodes[token, partition]
 
-    def run(self, token: str, state: RecordDict) -> dict[str, Any]:
+    def run(self, token: str, state: RecordDict, raw: bytes | None = None) -> dict[str, Any]:
+        """The run ``token`` names, built on first use from its setup (``raw``, else the
+        copy in the node's state)."""
         if token in self.runs:
             return self.runs[token]
+        if raw is None and "bytes" not in state[SETUP]:
+            raise RuntimeError(
+                "this node's process no longer holds the run's setup; resume the run"
+                " (fedkit deploy run with the same --out) to set the node up again"
+            )
 
         self.runs.clear()  # a node process serves one run at a time
         self.nodes.clear()
         meta = json.loads(state[SETUP]["meta"])
         trusted = tuple(meta["trusted"]) if self.trusted is None else self.trusted
-        setup = restricted_loads(state[SETUP]["bytes"], trusted)
+        setup = restricted_loads(raw if raw is not None else state[SETUP]["bytes"], trusted)
         setup.recipe = recipe = validate(meta["recipe"])
         if setup.available is not None:  # the server's own plugins beside the installed ones
             setup.available = {**discover(), **setup.available}

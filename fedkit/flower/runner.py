@@ -77,7 +77,7 @@ def serve(
     ``site`` a real site's own ImageFolder (``fedkit.data.site``)."""
 
     quick_pulls()
-    host = NodeHost(folder / "memories", installed_modules(), site)
+    host = NodeHost(folder / "memories", installed_modules(), site, resident=True)
     tasks = _client(address, insecure, certificates)
     wait = POLL[0]
     try:
@@ -93,6 +93,16 @@ def serve(
             run_task(host, address, found.token, partition, insecure, certificates, SubStatus)
     finally:
         tasks.close()
+
+
+def _state_bytes(state: Any) -> int:
+    """The bytes a node's ``Context.state`` holds in its config records' byte values."""
+    return sum(
+        len(value)
+        for record in state.config_records.values()
+        for value in record.values()
+        if isinstance(value, bytes)
+    )
 
 
 def run_task(
@@ -132,7 +142,8 @@ def run_task(
             print(
                 f"fedkit-timing {message.metadata.message_type} at {time.time():.3f} "
                 f"pull {pulled - began:.3f} "
-                f"handle {handled - pulled:.3f} push {time.perf_counter() - handled:.3f}",
+                f"handle {handled - pulled:.3f} push {time.perf_counter() - handled:.3f} "
+                f"state {_state_bytes(context.state)} B",
                 flush=True,
             )
     finally:
