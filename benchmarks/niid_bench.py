@@ -107,9 +107,19 @@ def append_row(path: Path, row: dict) -> None:
         os.close(fd)
 
 
+def cell_out(method: str, partition: str, seed: int, args: argparse.Namespace) -> Path:
+    """A cell's run directory. A cell first run on standardised inputs (before the
+    recipes set ``data.standardize: false``) is rerun beside that run, in ``…-unit``, so
+    the old run stays as measured and a rerun never resumes it."""
+    out = args.out / f"{method}-{partition}-s{seed}"
+    if (out / "recipe.yaml").exists() and provenance(out)["standardize"]:
+        return out.with_name(out.name + "-unit")
+    return out
+
+
 def cell_command(method: str, partition: str, seed: int, args: argparse.Namespace) -> list[str]:
     fedkit = str(Path(sys.executable).with_name("fedkit"))
-    out = args.out / f"{method}-{partition}-s{seed}"
+    out = cell_out(method, partition, seed, args)
     if (out / "recipe.yaml").exists():
         return [fedkit, "run", "--resume", str(out), "--quiet", "--no-report"]
     partition_sets = [p.replace("SEED", str(seed)) for p in PARTITIONS[partition]]
@@ -200,7 +210,7 @@ def standardized(row: dict) -> bool:
 
 def niid_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict:
     method, partition, seed = cell
-    out = args.out / f"{method}-{partition}-s{seed}"
+    out = cell_out(*cell, args)
     accuracy, seconds = final_accuracy(out)
     row = {"method": method, "partition": partition, "seed": seed, "accuracy": accuracy}
     return {**row, **provenance(out), "rounds": args.rounds or 50, "seconds": seconds}
@@ -209,11 +219,11 @@ def niid_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict:
 def diverged_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict | None:
     """The row of a cell that diverged (``diverged``), or ``None``."""
     method, partition, seed = cell
-    found = diverged(args.out / f"{method}-{partition}-s{seed}")
+    out = cell_out(*cell, args)
+    found = diverged(out)
     if found is None:
         return None
     row = {"method": method, "partition": partition, "seed": seed}
-    out = args.out / f"{method}-{partition}-s{seed}"
     return {**row, **found, **provenance(out), "rounds": args.rounds or 50}
 
 
