@@ -1,0 +1,59 @@
+"""benchmarks/niid_bench.py's bookkeeping: which run directory a cell uses, and which rows
+the table shows (the runs themselves take hours and live in benchmarks/)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def niid_bench():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import niid_bench
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return niid_bench
+
+
+def write_run(folder: Path, standardize: bool | None) -> None:
+    data = {"partition": {"name": "iid"}}
+    if standardize is not None:
+        data["standardize"] = standardize
+    folder.mkdir(parents=True)
+    (folder / "recipe.yaml").write_text(yaml.safe_dump({"data": data}))
+
+
+def test_a_standardised_run_is_rerun_beside_it_and_never_resumed(niid_bench, tmp_path):
+    args = argparse.Namespace(out=tmp_path, root=Path("data"), rounds=None)
+    cell = ("fedavg", "iid", 42)
+    fresh = niid_bench.cell_command(*cell, args)
+    assert "--resume" not in fresh and str(tmp_path / "fedavg-iid-s42") in fresh
+    write_run(tmp_path / "fedavg-iid-s42", standardize=None)  # from before the key existed
+    assert niid_bench.cell_out(*cell, args) == tmp_path / "fedavg-iid-s42-unit"
+    rerun = niid_bench.cell_command(*cell, args)
+    assert "--resume" not in rerun and str(tmp_path / "fedavg-iid-s42-unit") in rerun
+    write_run(tmp_path / "fedprox-iid-s42", standardize=False)  # a 0..1 run: resumed
+    resumed = niid_bench.cell_command("fedprox", "iid", 42, args)
+    assert resumed[2:4] == ["--resume", str(tmp_path / "fedprox-iid-s42")]
+
+
+def test_the_table_prefers_rows_on_niid_benchs_inputs_and_marks_the_others(niid_bench):
+    rows = [
+        {"method": "fedavg", "partition": "iid", "seed": 42, "accuracy": 80.0},
+        {"method": "fedavg", "partition": "iid", "seed": 42, "accuracy": 89.0,
+         "standardize": False},
+        {"method": "scaffold", "partition": "iid", "seed": 42, "accuracy": 70.0},
+    ]  # fmt: skip
+    iid = [line for line in niid_bench.table(rows).splitlines() if line.startswith("| iid |")]
+    lines = {line.split(" | ")[1]: line for line in iid}
+    assert "| 89.0 | 1 |" in lines["FedAvg"] and "+0.0" in lines["FedAvg"]
+    assert "| 70.0¶ | 1 |" in lines["SCAFFOLD"]
+    assert "| – | 0 |" in lines["FedProx"]
