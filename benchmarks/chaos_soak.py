@@ -92,13 +92,19 @@ def ray_processes(pid: int) -> list[Any]:
     return found
 
 
-def left_behind(processes: list[Any]) -> int:
-    """How many of ``processes`` are still running ``WAIT_S`` after their driver ended
-    (the survivors are then killed)."""
+def left_behind(processes: list[Any], stop: str) -> list[str]:
+    """Those of ``processes`` still running ``WAIT_S`` after their driver ended, as
+    ``stop: command line`` (the survivors are then killed)."""
     psutil = _psutil()
     _, alive = psutil.wait_procs(processes, timeout=WAIT_S)
+    found = []
+    for process in alive:
+        try:
+            found.append(f"{stop}: {' '.join(process.cmdline())[:200]}")
+        except psutil.Error:
+            found.append(f"{stop}: pid {process.pid}")
     kill(alive)
-    return len(alive)
+    return found
 
 
 def plan(seed: int, events: int, rounds: int) -> list[tuple[str, int, float]]:
@@ -112,7 +118,7 @@ def plan(seed: int, events: int, rounds: int) -> list[tuple[str, int, float]]:
 def soak(path: Path, out: Path, *, seed: int, events: int, rounds: int) -> dict[str, Any]:
     """Run ``path`` into ``out`` under the seeded plan of stops; what happened."""
     done = {kind: 0 for kind in KINDS}
-    leftover, codes = 0, []
+    leftover, codes = list[str](), []
     proc, base = start([str(path), "--out", str(out)]), 0
     for kind, target, delay in plan(seed, events, rounds):
         if kind == "sigterm":  # once this process checkpointed a round: its handler is armed
@@ -138,15 +144,20 @@ def soak(path: Path, out: Path, *, seed: int, events: int, rounds: int) -> dict[
         if kind == "sigterm" and code not in (143, 0):
             raise AssertionError(f"SIGTERM ended the run with exit {code}, not 143")
         done[kind] += 1
-        leftover += left_behind(ray)
+        leftover += left_behind(ray, kind)
         proc, base = start(["--resume", str(out)]), checkpointed(out)
     ray = ray_processes(proc.pid)
     code = proc.wait(timeout=1800)
     if code != 0:
         tail = proc.stderr.read().decode()[-2000:]
         raise AssertionError(f"the last resume exited {code}: {tail}")
-    leftover += left_behind(ray)
-    return {"stops": done, "leftover_processes": leftover, "driver_exits": codes}
+    leftover += left_behind(ray, "end")
+    return {
+        "stops": done,
+        "leftover_processes": len(leftover),
+        "leftovers": leftover,
+        "driver_exits": codes,
+    }
 
 
 def same_end(resumed: Path, full: Path) -> dict[str, bool]:

@@ -98,6 +98,37 @@ def test_a_worker_started_just_before_the_driver_dies_is_ended_too(tmp_path):
         kill(processes)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="the reaper reads a POSIX process table")
+def test_a_child_that_becomes_a_ray_process_after_the_reaper_first_saw_it_is_ended(tmp_path):
+    """A child the reaper first sees with a plain command line (as a process between fork
+    and exec shows its parent's), which then execs a Ray look-alike: after SIGKILL of the
+    driver it ends too (a short soak in CI once left one Ray process behind)."""
+    fake = tmp_path / "ray" / "gcs_server"
+    fake.parent.mkdir()
+    fake.write_text("import time\ntime.sleep(120)\n")
+    late = "import os, sys, time; time.sleep(1.5); "
+    late += "os.execv(sys.executable, ['python', os.environ['LATE']])"
+    script = textwrap.dedent(f"""
+        import os, signal, subprocess, sys, time
+        from fedkit.core import ray_reaper
+        reaper = ray_reaper.watch()
+        env = {{**os.environ, "LATE": {str(fake)!r}}}  # the path stays out of its command line
+        child = subprocess.Popen([sys.executable, "-c", {late!r}], env=env)
+        print(reaper.pid, child.pid, flush=True)
+        time.sleep(3.0)  # the reaper looked while the child was plain, and after its exec
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    psutil = _psutil()
+    processes = [psutil.Process(int(p)) for p in driver.stdout.readline().split()]
+    try:
+        driver.wait(timeout=10)
+        _, alive = psutil.wait_procs(processes, timeout=15)
+        assert alive == [], alive
+    finally:
+        kill(processes)
+
+
 def test_chaos_soak_short_ends_identical_with_nothing_left(tmp_path):
     """Five rounds under Ray with a local cluster of the run's own, stopped three times
     (SIGKILL of a worker, of the driver, a SIGTERM), resumed after each; the 50-round soak
@@ -117,7 +148,7 @@ def test_chaos_soak_short_ends_identical_with_nothing_left(tmp_path):
     result = chaos_soak.soak(path, soaked, seed=0, events=3, rounds=5)
     assert result["stops"]["driver-kill"] == 1 and result["stops"]["sigterm"] == 1
     assert 143 in result["driver_exits"]
-    assert result["leftover_processes"] == 0
+    assert result["leftover_processes"] == 0, result["leftovers"]
     assert chaos_soak.same_end(soaked, full) == dict.fromkeys(
         ("metrics", "clients", "ledger", "pool"), True
     )

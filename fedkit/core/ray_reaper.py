@@ -83,7 +83,7 @@ def main(argv: list[str]) -> None:
         driver = psutil.Process(int(argv[0]))
     except psutil.NoSuchProcess:
         return
-    checked, noted = {os.getpid()}, {}
+    checked, noted = {os.getpid()}, {}  # checked: this reaper, and every process noted
     while True:
         _note_ray(psutil, _descendants(psutil, driver), checked, noted)
         ready, _, _ = select.select([sys.stdin], [], [], POLL_S)
@@ -103,14 +103,16 @@ def main(argv: list[str]) -> None:
 
 
 def _note_ray(psutil: Any, processes: list[Any], checked: set[int], noted: dict) -> None:
-    """Add the Ray processes among ``processes`` not looked at before to ``noted``."""
+    """Add the Ray processes among ``processes`` not noted before to ``noted``. Any other
+    process is looked at again next time: a child caught between fork and exec still
+    shows its parent's command line (Ray starts its raylet and GCS server that way)."""
     for process in processes:
         if process.pid in checked:
             continue
         try:
             if is_ray(process.cmdline()):
                 noted[process.pid] = process
-            checked.add(process.pid)
+                checked.add(process.pid)
         except psutil.Error:
             continue
 
