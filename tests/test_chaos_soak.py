@@ -129,6 +129,57 @@ def test_a_child_that_becomes_a_ray_process_after_the_reaper_first_saw_it_is_end
         kill(processes)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="the reaper reads a POSIX process table")
+def test_a_worker_of_the_session_that_no_longer_descends_from_the_driver_is_ended(tmp_path):
+    """A raylet look-alike naming a session starts a worker look-alike of that session
+    through a parent that exits at once (so the worker no longer descends from the
+    driver, as a worker whose raylet died first), just before the driver dies by SIGKILL:
+    the worker ends too (a CI soak left such a ``default_worker.py`` behind)."""
+    session = "--session=/tmp/fake/session_2026-12-03_18-44-04_312757_4242"
+    folder = tmp_path / "ray"
+    folder.mkdir()
+    (folder / "default_worker.py").write_text("import time\ntime.sleep(120)\n")
+    orphan = textwrap.dedent(f"""
+        import subprocess, sys
+        worker = subprocess.Popen([sys.executable, {str(folder / "default_worker.py")!r},
+                                   {session!r}], start_new_session=True,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(worker.pid, flush=True)
+    """)
+    (folder / "raylet").write_text(
+        textwrap.dedent(f"""
+            import subprocess, sys, time
+            sys.stdin.readline()
+            out = subprocess.run([sys.executable, "-c", {orphan!r}], capture_output=True)
+            print(out.stdout.decode().strip(), flush=True)
+            time.sleep(120)
+        """)
+    )
+    script = textwrap.dedent(f"""
+        import os, signal, subprocess, sys, time
+        from fedkit.core import ray_reaper
+        reaper = ray_reaper.watch()
+        raylet = subprocess.Popen([sys.executable, {str(folder / "raylet")!r}, {session!r}],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # the reaper has noted the raylet and its session
+        print("go", file=raylet.stdin, flush=True)
+        worker = raylet.stdout.readline().strip()
+        print(reaper.pid, raylet.pid, worker, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    psutil = _psutil()
+    processes = [psutil.Process(int(p)) for p in driver.stdout.readline().split()]
+    try:
+        assert len(processes) == 3, "the driver did not start its look-alikes"
+        assert processes[2].ppid() != processes[1].pid  # the worker is not the raylet's child
+        driver.wait(timeout=10)
+        _, alive = psutil.wait_procs(processes, timeout=15)
+        assert alive == [], alive
+    finally:
+        kill(processes)
+
+
 def test_chaos_soak_short_ends_identical_with_nothing_left(tmp_path):
     """Five rounds under Ray with a local cluster of the run's own, stopped three times
     (SIGKILL of a worker, of the driver, a SIGTERM), resumed after each; the 50-round soak

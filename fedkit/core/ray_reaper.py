@@ -9,16 +9,18 @@ so that a Ctrl-C or a scheduler's signal to the run's process group does not rea
 notes the Ray processes among the driver's descendants every half second and waits on a
 pipe the driver holds; when the pipe closes (the executor's ``close``, or the kernel
 closing it as the driver dies, however it dies) it ends every noted process still
-running, and every Ray process these started since its last look (a worker a raylet
-spawned in the last half second): SIGTERM, then SIGKILL after three seconds. It only ever
-signals Ray processes descended from the driver, and psutil's checks keep a reused pid
-safe.
+running, every Ray process these started since its last look (a worker a raylet
+spawned in the last half second), and every Ray process whose command line names the
+cluster's session (such a worker whose raylet died first no longer descends from the
+driver): SIGTERM, then SIGKILL after three seconds. It only ever signals Ray processes
+of the driver's own cluster, and psutil's checks keep a reused pid safe.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import select
 import subprocess
 import sys
@@ -27,6 +29,8 @@ from typing import Any
 
 POLL_S = 0.5
 GRACE_S = 3.0
+SESSION = re.compile(r"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+")
+"""A Ray session's name (its start time and the driver's pid), as in ``/tmp/ray/session_…``."""
 
 
 def watch() -> subprocess.Popen | None:
@@ -84,13 +88,15 @@ def main(argv: list[str]) -> None:
     except psutil.NoSuchProcess:
         return
     checked, noted = {os.getpid()}, {}  # checked: this reaper, and every process noted
+    sessions: set[str] = set()
     while True:
-        _note_ray(psutil, _descendants(psutil, driver), checked, noted)
+        _note_ray(psutil, _descendants(psutil, driver), checked, noted, sessions)
         ready, _, _ = select.select([sys.stdin], [], [], POLL_S)
         if ready and not os.read(sys.stdin.fileno(), 4096):
             break
     for process in list(noted.values()):  # started since the last look: a raylet's new worker
-        _note_ray(psutil, _descendants(psutil, process), checked, noted)
+        _note_ray(psutil, _descendants(psutil, process), checked, noted, sessions)
+    _note_ray(psutil, _of_sessions(psutil, sessions), checked, noted)
     alive = []
     for process in noted.values():
         try:
@@ -102,19 +108,42 @@ def main(argv: list[str]) -> None:
     kill(left)
 
 
-def _note_ray(psutil: Any, processes: list[Any], checked: set[int], noted: dict) -> None:
-    """Add the Ray processes among ``processes`` not noted before to ``noted``. Any other
-    process is looked at again next time: a child caught between fork and exec still
-    shows its parent's command line (Ray starts its raylet and GCS server that way)."""
+def _note_ray(
+    psutil: Any,
+    processes: list[Any],
+    checked: set[int],
+    noted: dict,
+    sessions: set[str] | None = None,
+) -> None:
+    """Add the Ray processes among ``processes`` not noted before to ``noted``, and the
+    sessions their command lines name to ``sessions``. Any other process is looked at
+    again next time: a child caught between fork and exec still shows its parent's
+    command line (Ray starts its raylet and GCS server that way)."""
     for process in processes:
         if process.pid in checked:
             continue
         try:
-            if is_ray(process.cmdline()):
+            line = process.cmdline()
+            if is_ray(line):
                 noted[process.pid] = process
                 checked.add(process.pid)
+                if sessions is not None:
+                    sessions.update(SESSION.findall(" ".join(line)))
         except psutil.Error:
             continue
+
+
+def _of_sessions(psutil: Any, sessions: set[str]) -> list[Any]:
+    """Every process on the machine whose command line names one of ``sessions``."""
+    found = []
+    for process in psutil.process_iter() if sessions else ():
+        try:
+            line = " ".join(process.cmdline())
+        except psutil.Error:
+            continue
+        if any(session in line for session in sessions):
+            found.append(process)
+    return found
 
 
 def _descendants(psutil: Any, process: Any) -> list[Any]:
