@@ -57,6 +57,34 @@ def test_a_sigkilled_driver_takes_its_ray_processes_with_it_and_nothing_else(tmp
         kill([looks, other, reaper])
 
 
+def assert_all_end(driver: subprocess.Popen, processes: list) -> None:
+    """The driver ended, and every one of ``processes`` within 15 s of it."""
+    driver.wait(timeout=10)
+    _, alive = _psutil().wait_procs(processes, timeout=15)
+    assert alive == [], alive
+
+
+def raylet_driver(raylet: Path, *args: str) -> tuple[subprocess.Popen, list]:
+    """A driver that starts the reaper and ``raylet`` (with ``args``), waits until the
+    reaper has noted it, tells it to start its worker, and dies by SIGKILL; the driver,
+    and the reaper, raylet and worker as psutil processes."""
+    script = textwrap.dedent(f"""
+        import os, signal, subprocess, sys, time
+        from fedkit.core import ray_reaper
+        reaper = ray_reaper.watch()
+        raylet = subprocess.Popen([sys.executable, {str(raylet)!r}, *{list(args)!r}],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # the reaper has noted the raylet
+        print("go", file=raylet.stdin, flush=True)
+        worker = raylet.stdout.readline().strip()
+        print(reaper.pid, raylet.pid, worker, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    psutil = _psutil()
+    return driver, [psutil.Process(int(p)) for p in driver.stdout.readline().split()]
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="the reaper reads a POSIX process table")
 def test_a_worker_started_just_before_the_driver_dies_is_ended_too(tmp_path):
     """A raylet look-alike the reaper has seen starts a worker look-alike; the driver dies
@@ -74,26 +102,10 @@ def test_a_worker_started_just_before_the_driver_dies_is_ended_too(tmp_path):
             time.sleep(120)
         """)
     )
-    script = textwrap.dedent(f"""
-        import os, signal, subprocess, sys, time
-        from fedkit.core import ray_reaper
-        reaper = ray_reaper.watch()
-        raylet = subprocess.Popen([sys.executable, {str(folder / "raylet")!r}],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        time.sleep(1.5)  # the reaper has noted the raylet
-        print("go", file=raylet.stdin, flush=True)
-        worker = raylet.stdout.readline().strip()
-        print(reaper.pid, raylet.pid, worker, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    """)
-    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    psutil = _psutil()
-    processes = [psutil.Process(int(p)) for p in driver.stdout.readline().split()]
+    driver, processes = raylet_driver(folder / "raylet")
     try:
         assert len(processes) == 3, "the driver did not start its look-alikes"
-        driver.wait(timeout=10)
-        _, alive = psutil.wait_procs(processes, timeout=15)
-        assert alive == [], alive
+        assert_all_end(driver, processes)
     finally:
         kill(processes)
 
@@ -122,9 +134,7 @@ def test_a_child_that_becomes_a_ray_process_after_the_reaper_first_saw_it_is_end
     psutil = _psutil()
     processes = [psutil.Process(int(p)) for p in driver.stdout.readline().split()]
     try:
-        driver.wait(timeout=10)
-        _, alive = psutil.wait_procs(processes, timeout=15)
-        assert alive == [], alive
+        assert_all_end(driver, processes)
     finally:
         kill(processes)
 
@@ -155,27 +165,11 @@ def test_a_worker_of_the_session_that_no_longer_descends_from_the_driver_is_ende
             time.sleep(120)
         """)
     )
-    script = textwrap.dedent(f"""
-        import os, signal, subprocess, sys, time
-        from fedkit.core import ray_reaper
-        reaper = ray_reaper.watch()
-        raylet = subprocess.Popen([sys.executable, {str(folder / "raylet")!r}, {session!r}],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        time.sleep(1.5)  # the reaper has noted the raylet and its session
-        print("go", file=raylet.stdin, flush=True)
-        worker = raylet.stdout.readline().strip()
-        print(reaper.pid, raylet.pid, worker, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    """)
-    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    psutil = _psutil()
-    processes = [psutil.Process(int(p)) for p in driver.stdout.readline().split()]
+    driver, processes = raylet_driver(folder / "raylet", session)
     try:
         assert len(processes) == 3, "the driver did not start its look-alikes"
         assert processes[2].ppid() != processes[1].pid  # the worker is not the raylet's child
-        driver.wait(timeout=10)
-        _, alive = psutil.wait_procs(processes, timeout=15)
-        assert alive == [], alive
+        assert_all_end(driver, processes)
     finally:
         kill(processes)
 
