@@ -283,12 +283,6 @@ def setup_message(run, token: str):
     return content
 
 
-def state_bytes(state) -> int:
-    return sum(
-        len(v) for r in state.config_records.values() for v in r.values() if isinstance(v, bytes)
-    )
-
-
 def test_a_deployed_nodes_state_names_its_files_and_trains_as_one_that_holds_bytes(tmp_path):
     """Flower moves a node's whole state with every message: a resident host (a deployed
     node's process) keeps the setup itself and the state names the memory's file, and
@@ -298,6 +292,7 @@ def test_a_deployed_nodes_state_names_its_files_and_trains_as_one_that_holds_byt
     from fedkit.core.engine import jobs
     from fedkit.flower.node import NodeHost
     from fedkit.flower.records import job_content, result_of
+    from fedkit.flower.runner import state_bytes
 
     run = prepared(
         tiny_recipe(plugins=["fedavg", "fedbn"], federation={"rounds": 3, "clients_per_round": 3})

@@ -4,9 +4,7 @@ federation's statistics; a node set up with it trains on those images."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -68,23 +66,16 @@ def test_a_node_with_a_site_trains_on_the_sites_images(tmp_path):
     """The setup message the ``flower`` executor sends, answered by a node host with a
     site: it declares the site's sample count and its train reply weighs that many."""
     pytest.importorskip("flwr", reason="the flower extra is not installed")
-    from flwr.app import ConfigRecord, RecordDict
+    from flwr.app import RecordDict
+    from test_flower import setup_message
 
-    from fedkit.flower.node import SETUP, NodeHost
-    from fedkit.flower.records import get_meta, job_content, message, result_of
+    from fedkit.flower.node import NodeHost
+    from fedkit.flower.records import get_meta, job_content, result_of
 
     write_images(tmp_path / "site", {"3": 9, "7": 5})
     raw = tiny_recipe(federation={"rounds": 1, "clients_per_round": 3}, data={"local_test_size": 4})
     run = prepare(validate(raw))
-    shared = run.executor.clients[0].train
-    meta = {
-        "action": "setup", "token": "t", "recipe": run.recipe.model_dump(mode="json"),
-        "folder": None, "trusted": [], "classes": shared.classes,
-        "stats": [list(shared.mean), list(shared.std)],
-    }  # fmt: skip
-    content = message(meta)
-    setup = dataclasses.replace(run.executor.setup, recipe=None, available=None)
-    content[SETUP] = ConfigRecord({"bytes": pickle.dumps(setup)})
+    content = setup_message(run, "t")
     host, state = NodeHost(tmp_path / "memories", (), site=tmp_path / "site"), RecordDict()
     answer = get_meta(host.handle("query", content, state, 2))
     assert answer == {"client": 2, "samples": 14 - run.recipe.data.local_test_size}

@@ -95,7 +95,7 @@ def serve(
         tasks.close()
 
 
-def _state_bytes(state: Any) -> int:
+def state_bytes(state: Any) -> int:
     """The bytes a node's ``Context.state`` holds in its config records' byte values."""
     return sum(
         len(value)
@@ -143,7 +143,7 @@ def run_task(
                 f"fedkit-timing {message.metadata.message_type} at {time.time():.3f} "
                 f"pull {pulled - began:.3f} "
                 f"handle {handled - pulled:.3f} push {time.perf_counter() - handled:.3f} "
-                f"state {_state_bytes(context.state)} B",
+                f"state {state_bytes(context.state)} B",
                 flush=True,
             )
     finally:
