@@ -261,26 +261,32 @@ def test_a_node_removes_files_no_checkpoint_can_name(tmp_path):
         run.close()
 
 
+def test_a_node_refuses_to_adopt_a_file_it_cannot_check(tmp_path):
+    """Adopting a checkpoint's memory answers an error naming the file when the node has
+    no memory folder, and when the file's bytes do not match the checkpoint's hash."""
+    from flwr.app import RecordDict
+
+    from fedkit.core.worker import Worker
+    from fedkit.flower.node import Node
+
+    run = prepared(tiny_recipe(plugins=["fedavg"]))
+    try:
+        worker, data = Worker(run.executor.setup), run.executor.clients[0]
+        entry = {"file": "0.r000001.safetensors", "sha256": "0" * 64}
+        bare = Node(worker, data, None).adopt(RecordDict(), entry)
+        assert bare == "the node has no memory folder to take 0.r000001.safetensors back from"
+        (tmp_path / entry["file"]).write_bytes(b"not this memory")
+        damaged = Node(worker, data, tmp_path).adopt(RecordDict(), entry)
+        assert damaged.endswith("0.r000001.safetensors does not match the checkpoint's hash")
+    finally:
+        run.close()
+
+
 def setup_message(run, token: str):
     """The ``setup`` query the server sends a node at a run's start."""
-    import dataclasses
-    import pickle
+    from fedkit.flower.flower_executor import setup_content
 
-    from flwr.app import ConfigRecord
-
-    from fedkit.flower.node import SETUP
-    from fedkit.flower.records import message
-
-    shared = run.executor.clients[0].train
-    meta = {
-        "action": "setup", "token": token, "recipe": run.recipe.model_dump(mode="json"),
-        "folder": None, "trusted": [], "classes": list(shared.classes),
-        "stats": [list(shared.mean), list(shared.std)],
-    }  # fmt: skip
-    content = message(meta)
-    setup = dataclasses.replace(run.executor.setup, recipe=None, available=None)
-    content[SETUP] = ConfigRecord({"bytes": pickle.dumps(setup)})
-    return content
+    return setup_content(run.executor.setup, run.executor, None, token)
 
 
 def test_a_deployed_nodes_state_names_its_files_and_trains_as_one_that_holds_bytes(tmp_path):

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from flwr.app import ConfigRecord, Message
+from flwr.app import ConfigRecord, Message, RecordDict
 
 from fedkit.core.executor import Population, StoreSpec
 from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, EvalResult
@@ -153,32 +153,9 @@ class FlowerExecutor:
         self, setup: ClientSetup, folder: Path | None, population: Population
     ) -> dict[int, int]:
         """Set every node up for this run; which node holds which client (node ids are
-        Flower's random numbers, a node's client is its ``partition-id``). The setup
-        names the federation's classes and normalisation statistics, for a site that
-        brings its own images (``fedkit.data.site``)."""
-
+        Flower's random numbers, a node's client is its ``partition-id``)."""
         recipe = setup.recipe
-        shared = population.clients[0].train
-        custom = {n: p for n, p in (setup.available or {}).items() if not installed(p)}
-        meta = {
-            "action": "setup",
-            "token": uuid.uuid4().hex,
-            "recipe": recipe.model_dump(mode="json"),
-            "folder": str(folder) if folder is not None else None,
-            "classes": list(shared.classes),
-            "stats": [list(shared.mean), list(shared.std)],
-            "trusted": sorted(
-                {getattr(p, "__module__", "").split(".")[0] for p in custom.values()}
-            ),
-        }
-        content = message(meta)
-        content[SETUP] = ConfigRecord(
-            {
-                "bytes": pickle.dumps(
-                    dataclasses.replace(setup, recipe=None, available=custom or None)
-                )
-            }
-        )
+        content = setup_content(setup, population, folder, uuid.uuid4().hex)
         nodes = list(self.grid.get_node_ids())
         self.wire["down"] += len(content[SETUP]["bytes"]) * len(nodes)
         ids = set(self.grid.push_messages([self._message(content, node) for node in nodes]))
@@ -329,3 +306,27 @@ class FlowerExecutor:
         """End the simulation this executor started (a deployment's link stays open)."""
         if not _OPEN or self.link is not _OPEN[0]:
             self.link.close()
+
+
+def setup_content(
+    setup: ClientSetup, population: Population, folder: Path | None, token: str
+) -> RecordDict:
+    """The ``setup`` query the server sends every node at a run's start: the recipe, the
+    federation's classes and normalisation statistics (for a site that brings its own
+    images, ``fedkit.data.site``), the plugin packages a node must trust, and the pickled
+    setup without the recipe (a plugin's module travels only when it is not installed)."""
+    shared = population.clients[0].train
+    custom = {n: p for n, p in (setup.available or {}).items() if not installed(p)}
+    meta = {
+        "action": "setup",
+        "token": token,
+        "recipe": setup.recipe.model_dump(mode="json"),
+        "folder": str(folder) if folder is not None else None,
+        "classes": list(shared.classes),
+        "stats": [list(shared.mean), list(shared.std)],
+        "trusted": sorted({getattr(p, "__module__", "").split(".")[0] for p in custom.values()}),
+    }
+    content = message(meta)
+    bare = dataclasses.replace(setup, recipe=None, available=custom or None)
+    content[SETUP] = ConfigRecord({"bytes": pickle.dumps(bare)})
+    return content

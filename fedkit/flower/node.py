@@ -151,7 +151,7 @@ class Node:
             return None
         record = state[KEPT]
         if "file" in record:
-            return memory_of_bytes(((self.folder or Path(".")) / str(record["file"])).read_bytes())
+            return memory_of_bytes((self.folder / str(record["file"])).read_bytes())
         return memory_of_bytes(record["bytes"])
 
     def write(self, raw: bytes, round: int) -> dict[str, str] | None:
@@ -189,7 +189,9 @@ class Node:
         state.pop(KEPT, None)
         if entry is None:
             return None
-        path = (self.folder or Path(".")) / entry["file"]
+        if self.folder is None:
+            return f"the node has no memory folder to take {entry['file']} back from"
+        path = self.folder / entry["file"]
         try:
             raw = path.read_bytes()
         except OSError as exc:
