@@ -37,14 +37,16 @@ METHODS = ("fedavg", "scaffold", "fedprox", "fednova")
 NAMES = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "fedprox": "FedProx", "fednova": "FedNova"}
 PARTITIONS = {
     "iid": ["data.partition={name: iid}"],
-    "dirichlet-0.5": ["data.partition={name: dirichlet, alpha: 0.5, min_size: 10, cap: true}"],
+    "dirichlet-0.5": [
+        "data.partition={name: dirichlet, alpha: 0.5, min_size: 10, cap: true, draw_seed: SEED}"
+    ],
     "labels-1": ["data.partition={name: labels_per_client, k: 1, draw_seed: SEED}"],
     "labels-2": ["data.partition={name: labels_per_client, k: 2, draw_seed: SEED}"],
     "labels-3": ["data.partition={name: labels_per_client, k: 3, draw_seed: SEED}"],
 }
-"""A partition's ``--set`` values; ``SEED`` stands for the cell's seed. The label skews
-draw their label sets as Flower's baseline does for that seed (``draw_seed``), so a
-seed-42 cell holds the label sets of Flower's seed-42 table."""
+"""A partition's ``--set`` values; ``SEED`` stands for the cell's seed. The Dirichlet and
+label skews draw as Flower's baseline does for that seed (``draw_seed``), so a seed-42
+cell holds the partition of Flower's seed-42 table."""
 FLOWER = {  # adap/flower baselines/niid_bench/README.md, Fashion-MNIST, seed 42
     "iid": (89.0, 89.5, 89.5, 89.3),
     "dirichlet-0.5": (88.4, 88.4, 88.6, 88.1),
@@ -67,12 +69,12 @@ DIVERGED_NOTE = (
     "‡ diverged: every client's training loss became non-finite and the run stopped; "
     "the figure is the last global test accuracy measured before that round"
 )
-OWN_DRAWS = ("labels-2", "labels-3")
-"""Label skews whose label sets depend on the draw (with one label, client i holds class i
-whichever generator draws)."""
+OWN_DRAWS = ("dirichlet-0.5", "labels-2", "labels-3")
+"""Partitions drawn with ``draw_seed``, whose rows from before it existed hold a partition
+of fedkit's own draw (with one label, client i holds class i whichever generator draws)."""
 OWN_DRAWS_NOTE = (
-    "§ run before `draw_seed` existed: the label sets were drawn from fedkit's own "
-    "generator, not Flower's seed-42 sets"
+    "§ run before `draw_seed` existed: the partition was drawn from fedkit's own "
+    "generator, not as Flower's baseline draws it for the seed"
 )
 STANDARDIZED_NOTE = (
     "¶ inputs standardised with the train split's mean and std (fedkit's only behaviour "
@@ -108,13 +110,19 @@ def append_row(path: Path, row: dict) -> None:
 
 
 def cell_out(method: str, partition: str, seed: int, args: argparse.Namespace) -> Path:
-    """A cell's run directory. A cell first run on standardised inputs (before the
-    recipes set ``data.standardize: false``) is rerun beside that run, in ``…-unit``, so
-    the old run stays as measured and a rerun never resumes it."""
-    out = args.out / f"{method}-{partition}-s{seed}"
-    if (out / "recipe.yaml").exists() and provenance(out)["standardize"]:
-        return out.with_name(out.name + "-unit")
-    return out
+    """A cell's run directory: the first of ``…``, ``…-unit`` and ``…-draw`` that is new or
+    holds a run of today's set-up. A cell first run on standardised inputs (before the
+    recipes set ``data.standardize: false``), or on fedkit's own draw of a partition that
+    now sets ``draw_seed``, is rerun beside that run, so the old run stays as measured and
+    a rerun never resumes it."""
+    wanted = {"standardize": False}
+    if any("draw_seed" in s for s in PARTITIONS[partition]):
+        wanted["draw_seed"] = seed
+    base = args.out / f"{method}-{partition}-s{seed}"
+    for out in (base, base.with_name(base.name + "-unit"), base.with_name(base.name + "-draw")):
+        if not (out / "recipe.yaml").exists() or provenance(out) == wanted:
+            return out
+    raise SystemExit(f"{base}: every run directory holds an older set-up; move one away")
 
 
 def cell_command(method: str, partition: str, seed: int, args: argparse.Namespace) -> list[str]:
@@ -202,6 +210,12 @@ def provenance(out: Path) -> dict:
     return found if seed is None else {**found, "draw_seed": seed}
 
 
+def outdated(row: dict) -> bool:
+    """A row measured on an older set-up: standardised inputs, or fedkit's own draw of a
+    partition that Flower's code now draws."""
+    return standardized(row) or (row["partition"] in OWN_DRAWS and "draw_seed" not in row)
+
+
 def standardized(row: dict) -> bool:
     """A row whose run standardised its inputs (rows from before ``standardize`` was
     recorded all did: it was fedkit's only behaviour then)."""
@@ -238,6 +252,8 @@ def table(rows: list[dict]) -> str:
             cell = [r for r in rows if (r["method"], r["partition"]) == (method, partition)]
             if any(not standardized(r) for r in cell):  # NIID-Bench's inputs, where measured
                 cell = [r for r in cell if not standardized(r)]
+            if any(not outdated(r) for r in cell):  # and Flower's draw, where measured
+                cell = [r for r in cell if not outdated(r)]
             found = [r["accuracy"] for r in cell]
             mark = "‡" if any("diverged" in r for r in cell) else ""
             if partition in OWN_DRAWS and any("draw_seed" not in r for r in cell):
@@ -273,8 +289,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/niid-bench"))
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--table", action="store_true", help="only print the table")
-    parser.add_argument("--redo-standardized", action="store_true",
-                        help="rerun cells measured only with standardised inputs")  # fmt: skip
+    parser.add_argument("--redo-outdated", action="store_true",
+                        help="rerun cells measured only on an older set-up (standardised "
+                        "inputs, or fedkit's own draw of a partition)")  # fmt: skip
     args = parser.parse_args()
     if args.results is None:
         suffix = f"-r{args.rounds}" if args.rounds else ""
@@ -283,8 +300,8 @@ def main() -> None:
         args.out = args.out.with_name(f"{args.out.name}-r{args.rounds}")
     if not args.table:
         rows = read_rows(args.results)
-        if args.redo_standardized:
-            rows = [r for r in rows if not standardized(r)]
+        if args.redo_outdated:
+            rows = [r for r in rows if not outdated(r)]
         done = {(r["method"], r["partition"], r["seed"]) for r in rows}
         cells = [(m, p, s) for s in args.seeds for p in args.partitions for m in args.methods]
         cells += [(m, "dirichlet-0.5", s) for s in args.extra_seeds for m in args.methods]

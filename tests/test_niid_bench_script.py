@@ -57,3 +57,41 @@ def test_the_table_prefers_rows_on_niid_benchs_inputs_and_marks_the_others(niid_
     assert "| 89.0 | 1 |" in lines["FedAvg"] and "+0.0" in lines["FedAvg"]
     assert "| 70.0¶ | 1 |" in lines["SCAFFOLD"]
     assert "| – | 0 |" in lines["FedProx"]
+
+
+def test_a_run_on_fedkits_own_draw_is_rerun_on_flowers_draw(niid_bench, tmp_path):
+    args = argparse.Namespace(out=tmp_path, root=Path("data"), rounds=None)
+    cell = ("fedavg", "dirichlet-0.5", 1)
+    base = tmp_path / "fedavg-dirichlet-0.5-s1"
+    fresh = niid_bench.cell_command(*cell, args)
+    assert (
+        "data.partition={name: dirichlet, alpha: 0.5, min_size: 10, cap: true, draw_seed: 1}"
+        in fresh
+    )
+    write_run(base, standardize=False)  # 0..1 inputs, fedkit's own draw
+    assert niid_bench.cell_out(*cell, args) == base.with_name(base.name + "-unit")
+    drawn = {"standardize": False, "partition": {"name": "dirichlet", "draw_seed": 1}}
+    (base.with_name(base.name + "-unit")).mkdir()
+    (base.with_name(base.name + "-unit") / "recipe.yaml").write_text(
+        yaml.safe_dump({"data": drawn})
+    )
+    resumed = niid_bench.cell_command(*cell, args)
+    assert resumed[2:4] == ["--resume", str(base) + "-unit"]
+
+
+def test_the_table_prefers_rows_on_flowers_draw(niid_bench):
+    row = {"method": "fedavg", "partition": "dirichlet-0.5", "standardize": False}
+    rows = [
+        {**row, "seed": 42, "accuracy": 86.0},
+        {**row, "seed": 1, "accuracy": 85.0},
+        {**row, "seed": 42, "accuracy": 88.0, "draw_seed": 42},
+        {**row, "method": "scaffold", "seed": 42, "accuracy": 86.5},
+    ]
+    assert [niid_bench.outdated(r) for r in rows] == [True, True, False, True]
+    lines = {
+        line.split(" | ")[1]: line
+        for line in niid_bench.table(rows).splitlines()
+        if line.startswith("| dirichlet-0.5 |")
+    }
+    assert "| 88.0 | 1 | 88.4 |" in lines["FedAvg"]
+    assert "| 86.5§ | 1 |" in lines["SCAFFOLD"]

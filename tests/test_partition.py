@@ -230,6 +230,28 @@ def test_labels_per_client_with_a_draw_seed_holds_the_published_tables_label_set
         _split(labels, "labels_per_client", k=k, draw_seed=-1)
 
 
+FLOWER_DIRICHLET_SEED_42 = {  # Flower's niid_bench Dirichlet(0.5) draw, seed 42, 10 clients,
+    # on _labels(per_class=600): each client's size, and client 0's count of each class
+    "sizes": [649, 331, 773, 618, 481, 762, 303, 781, 621, 681],
+    "client_0": [133, 1, 24, 98, 10, 72, 45, 73, 41, 152],
+}
+
+
+def test_dirichlet_with_a_draw_seed_holds_the_published_tables_partition():
+    labels = _labels(per_class=600)
+    params = {"alpha": 0.5, "min_size": 10, "cap": True, "draw_seed": 42}
+    part = _split(labels, "dirichlet", **params)
+    assert [len(c) for c in part.clients] == FLOWER_DIRICHLET_SEED_42["sizes"]
+    counts = np.bincount(labels[part.clients[0]], minlength=10).tolist()
+    assert counts == FLOWER_DIRICHLET_SEED_42["client_0"]
+    other = _split(labels, "dirichlet", seed=7, **params)  # the run's seed does not matter
+    assert all(np.array_equal(a, b) for a, b in zip(part.clients, other.clients, strict=True))
+    plain = _split(labels, "dirichlet", alpha=0.5, min_size=10, cap=True)
+    assert [len(c) for c in plain.clients] != FLOWER_DIRICHLET_SEED_42["sizes"]
+    with pytest.raises(RecipeError, match="data.partition.draw_seed"):
+        _split(labels, "dirichlet", alpha=0.5, draw_seed=-1)
+
+
 def test_capped_dirichlet_gives_no_later_class_to_a_client_at_its_even_share():
     labels = _labels(per_class=500)
     part = _split(labels, "dirichlet", alpha=0.1, cap=True)

@@ -121,14 +121,23 @@ def dirichlet(
     alpha: float,
     min_size: int = 1,
     cap: bool = False,
+    draw_seed: int | None = None,
 ) -> Partition:
     """Per class, client shares ~ Dir(alpha); redrawn until each client has ``min_size``.
 
     ``cap``: NIID-Bench's balancing. Classes are dealt in order, and a client that already
     holds its even share (images / clients) gets no part of the later classes.
+
+    With ``draw_seed`` the draws come from ``numpy.random.default_rng(draw_seed)`` in the
+    order of NIID-Bench's code as Flower's baseline runs it (each class shuffled before its
+    shares are drawn), instead of from the run's generator: a run then holds the partition
+    of that code's table for the same seed.
     """
     _number("alpha", alpha, integer=False, minimum=0, strict=True)
     _number("min_size", min_size, integer=True, minimum=0)
+    if draw_seed is not None:
+        _number("draw_seed", draw_seed, integer=True, minimum=0)
+        rng = np.random.default_rng(draw_seed)
     if num_clients * min_size > len(labels):
         raise RecipeError(
             "data.partition.min_size",
@@ -139,13 +148,17 @@ def dirichlet(
     for _ in range(_DIRICHLET_ATTEMPTS):
         chunks: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
         for members in by_class:
+            if draw_seed is not None:
+                members = rng.permutation(members)
             shares = rng.dirichlet(np.full(num_clients, float(alpha)))
             if cap:
                 held = np.array([sum(len(p) for p in parts) for parts in chunks])
                 capped = shares * (held < len(labels) / num_clients)
                 shares = capped / capped.sum() if capped.sum() > 0 else shares
             cuts = (np.cumsum(shares)[:-1] * len(members)).astype(np.int64)
-            for client, part in enumerate(np.split(rng.permutation(members), cuts)):
+            if draw_seed is None:
+                members = rng.permutation(members)
+            for client, part in enumerate(np.split(members, cuts)):
                 chunks[client].append(part)
         clients = [np.concatenate(parts) for parts in chunks]
         if min(len(c) for c in clients) >= min_size:
