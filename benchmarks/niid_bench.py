@@ -9,7 +9,9 @@ Dirichlet, at least 10 images a client) and ``labels-1``, ``labels-2``, ``labels
 (#C = k labels per client). Each cell is one ``fedkit run`` in ``--out``; a killed cell
 resumes from its checkpoint the next time. A finished cell appends
 ``{"method", "partition", "seed", "accuracy"}`` (final global test accuracy, %) to
-``benchmarks/results/niid_bench_fmnist.jsonl``; cells already there are skipped. At the
+``benchmarks/results/niid_bench_fmnist.jsonl``; cells already there are skipped. A cell
+rerun on a newer set-up (``--redo-outdated``) replaces its older rows there, which move to
+``niid_bench_fmnist_superseded.jsonl``, so the results file holds one row a cell. At the
 end (and with ``--table`` alone) it prints the measured table beside Flower's baseline
 (adap/flower, baselines/niid_bench, seed 42) and the paper's Table III.
 
@@ -20,13 +22,15 @@ A cell takes about 30 minutes on 2 cores of this machine (36 s a round); with
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -98,15 +102,57 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def append_row(path: Path, row: dict) -> None:
-    """One whole line, written and flushed to disk in one call."""
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold ``path``'s sidecar lock, so that an append and a rewrite of the results file
+    (two scripts may share it) never interleave."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _append(path: Path, rows: list[dict]) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, (json.dumps(row) + "\n").encode())
+        os.write(fd, "".join(json.dumps(row) + "\n" for row in rows).encode())
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def append_row(path: Path, row: dict) -> None:
+    """One whole line, written and flushed to disk in one call."""
+    with locked(path):
+        _append(path, [row])
+
+
+def superseded_path(path: Path) -> Path:
+    """Where rows that a newer set-up's rerun replaced are kept."""
+    return path.with_name(f"{path.stem}_superseded{path.suffix}")
+
+
+def supersede(path: Path) -> list[dict]:
+    """Move each cell's rows of an older set-up out of the results file, once the cell has a
+    row of a newer one, and return them. They are appended to :func:`superseded_path`
+    before the results file is replaced (atomically), so a kill in between repeats a row
+    there and loses none."""
+    with locked(path):
+        rows = read_rows(path)
+        best: dict[tuple, tuple[bool, bool]] = {}
+        for row in rows:
+            cell = (row["method"], row["partition"], row["seed"])
+            best[cell] = min(best.get(cell, (True, True)), setup_rank(row))
+        keep = [r for r in rows if setup_rank(r) == best[(r["method"], r["partition"], r["seed"])]]
+        moved = [r for r in rows if r not in keep]
+        if moved:
+            _append(superseded_path(path), moved)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(row) + "\n" for row in keep))
+            with open(tmp) as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        return moved
 
 
 def cell_out(method: str, partition: str, seed: int, args: argparse.Namespace) -> Path:
@@ -176,10 +222,12 @@ def run_cells(
     command: Callable[..., list[str]],
     row_of: Callable[[tuple[str, str, int]], dict],
     stopped: Callable[[tuple[str, str, int]], dict | None] = lambda cell: None,
+    appended: Callable[[], object] = lambda: None,
 ) -> None:
     """Run the cells, ``args.parallel`` at a time with the threads split between them,
     appending ``row_of(cell)`` for each finished one, and ``stopped(cell)`` for one that
-    stopped for good (it diverged); any other failed cell is left to resume."""
+    stopped for good (it diverged), then calling ``appended()``; any other failed cell is
+    left to resume."""
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.parallel))}
     pending, running = list(cells), {}
     while pending or running:
@@ -197,6 +245,7 @@ def run_cells(
                 print(f"{cell}: fedkit run exited {process.returncode}; rerun to resume it")
                 continue
             append_row(args.results, row)
+            appended()
             print(f"done {cell}: {row}", flush=True)
 
 
@@ -214,6 +263,12 @@ def outdated(row: dict) -> bool:
     """A row measured on an older set-up: standardised inputs, or fedkit's own draw of a
     partition that Flower's code now draws."""
     return standardized(row) or (row["partition"] in OWN_DRAWS and "draw_seed" not in row)
+
+
+def setup_rank(row: dict) -> tuple[bool, bool]:
+    """How old a row's set-up is, lower being newer: NIID-Bench's 0..1 inputs first, then
+    Flower's draw of the partition (the order the table prefers rows in)."""
+    return standardized(row), outdated(row)
 
 
 def standardized(row: dict) -> bool:
@@ -299,6 +354,7 @@ def main() -> None:
     if args.rounds:
         args.out = args.out.with_name(f"{args.out.name}-r{args.rounds}")
     if not args.table:
+        supersede(args.results)
         rows = read_rows(args.results)
         if args.redo_outdated:
             rows = [r for r in rows if not outdated(r)]
@@ -313,6 +369,7 @@ def main() -> None:
             cell_command,
             lambda cell: niid_row(cell, args),
             lambda cell: diverged_row(cell, args),
+            lambda: supersede(args.results),
         )
     print(table(read_rows(args.results)))
 

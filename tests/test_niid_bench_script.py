@@ -95,3 +95,21 @@ def test_the_table_prefers_rows_on_flowers_draw(niid_bench):
     }
     assert "| 88.0 | 1 | 88.4 |" in lines["FedAvg"]
     assert "| 86.5§ | 1 |" in lines["SCAFFOLD"]
+
+
+def test_a_rerun_on_a_newer_set_up_moves_the_older_rows_aside(niid_bench, tmp_path):
+    results = tmp_path / "results.jsonl"
+    cell = {"method": "fedavg", "partition": "dirichlet-0.5", "seed": 42}
+    standardised = {**cell, "accuracy": 87.2}
+    own_draw = {**cell, "accuracy": 86.1, "standardize": False}
+    flowers = {**cell, "accuracy": 88.0, "standardize": False, "draw_seed": 42}
+    untouched = {**cell, "method": "scaffold", "accuracy": 86.6}  # its only row: stays
+    for row in (standardised, untouched, own_draw):
+        niid_bench.append_row(results, row)
+    assert niid_bench.supersede(results) == [standardised]
+    niid_bench.append_row(results, flowers)
+    assert niid_bench.supersede(results) == [own_draw]
+    assert niid_bench.supersede(results) == []
+    assert niid_bench.read_rows(results) == [untouched, flowers]
+    kept = niid_bench.read_rows(niid_bench.superseded_path(results))
+    assert kept == [standardised, own_draw]
