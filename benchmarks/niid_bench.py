@@ -35,6 +35,8 @@ from pathlib import Path
 
 import yaml
 
+from fedkit.rundir import atomic
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "niid_bench_fmnist.jsonl"
 METHODS = ("fedavg", "scaffold", "fedprox", "fednova")
@@ -139,19 +141,11 @@ def supersede(path: Path) -> list[dict]:
     there and loses none."""
     with locked(path):
         rows = read_rows(path)
-        best: dict[tuple, tuple[bool, bool]] = {}
-        for row in rows:
-            cell = (row["method"], row["partition"], row["seed"])
-            best[cell] = min(best.get(cell, (True, True)), setup_rank(row))
-        keep = [r for r in rows if setup_rank(r) == best[(r["method"], r["partition"], r["seed"])]]
+        keep = newest(rows, lambda r: (r["method"], r["partition"], r["seed"]))
         moved = [r for r in rows if r not in keep]
         if moved:
             _append(superseded_path(path), moved)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(row) + "\n" for row in keep))
-            with open(tmp) as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            atomic.write_chunks(path, (json.dumps(row) + "\n" for row in keep))
         return moved
 
 
@@ -271,6 +265,14 @@ def setup_rank(row: dict) -> tuple[bool, bool]:
     return standardized(row), outdated(row)
 
 
+def newest(rows: list[dict], group: Callable[[dict], tuple]) -> list[dict]:
+    """The rows of the newest set-up (lowest :func:`setup_rank`) within each group."""
+    best: dict[tuple, tuple[bool, bool]] = {}
+    for row in rows:
+        best[group(row)] = min(best.get(group(row), (True, True)), setup_rank(row))
+    return [r for r in rows if setup_rank(r) == best[group(r)]]
+
+
 def standardized(row: dict) -> bool:
     """A row whose run standardised its inputs (rows from before ``standardize`` was
     recorded all did: it was fedkit's only behaviour then)."""
@@ -305,10 +307,7 @@ def table(rows: list[dict]) -> str:
     for partition in PARTITIONS:
         for method in METHODS:
             cell = [r for r in rows if (r["method"], r["partition"]) == (method, partition)]
-            if any(not standardized(r) for r in cell):  # NIID-Bench's inputs, where measured
-                cell = [r for r in cell if not standardized(r)]
-            if any(not outdated(r) for r in cell):  # and Flower's draw, where measured
-                cell = [r for r in cell if not outdated(r)]
+            cell = newest(cell, lambda r: ())  # 0..1 inputs, then Flower's draw, where measured
             found = [r["accuracy"] for r in cell]
             mark = "‡" if any("diverged" in r for r in cell) else ""
             if partition in OWN_DRAWS and any("draw_seed" not in r for r in cell):
