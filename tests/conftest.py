@@ -23,7 +23,7 @@ os.environ["FEDKIT_REPORT"] = "0"
 os.environ.setdefault("FEDKIT_CACHE_DIR", tempfile.mkdtemp(prefix="fedkit-test-cache-"))
 
 # The files that take minutes, longest first (`make test` prints the slowest tests). The
-# Makefile hands whole files to two workers in collection order (--no-loadscope-reorder),
+# Makefile hands whole files to its workers in collection order (--no-loadscope-reorder),
 # so starting these first keeps one long file from running alone at the end.
 SLOWEST_FIRST = (
     "test_ray_faults.py",

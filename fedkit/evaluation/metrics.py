@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import adjusted_rand_score, f1_score, roc_auc_score
 from torch import Tensor, nn
 
 from fedkit.evaluation.features import extract_features
@@ -37,6 +36,8 @@ def macro_f1(pred: Tensor | np.ndarray, labels: Tensor | np.ndarray, num_classes
     for name, arr in (("pred", p), ("labels", y)):
         if arr.size and (arr.min() < 0 or arr.max() >= num_classes):
             raise ValueError(f"{name} outside [0, {num_classes})")
+    from sklearn.metrics import f1_score  # imported on use: a second or so of start-up
+
     return float(f1_score(y, p, average="macro", zero_division=0))
 
 
@@ -53,6 +54,8 @@ def auroc(probs: Tensor | np.ndarray, labels: Tensor | np.ndarray, num_classes: 
     present = np.unique(y)
     if present.size < 2:
         return float("nan")
+    from sklearn.metrics import roc_auc_score
+
     return float(np.mean([roc_auc_score(y == c, s[:, c]) for c in present]))
 
 
@@ -60,6 +63,8 @@ def adjusted_rand(
     pred_groups: Sequence[int] | np.ndarray, true_groups: Sequence[int] | np.ndarray
 ) -> float:
     """Adjusted Rand index between a found clustering and the true one (label-permutation free)."""
+    from sklearn.metrics import adjusted_rand_score
+
     return float(adjusted_rand_score(_np(true_groups), _np(pred_groups)))
 
 
