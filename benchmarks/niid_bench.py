@@ -267,10 +267,11 @@ def setup_rank(row: dict) -> tuple[bool, bool]:
 
 def newest(rows: list[dict], group: Callable[[dict], tuple]) -> list[dict]:
     """The rows of the newest set-up (lowest :func:`setup_rank`) within each group."""
+    keyed = [(group(row), setup_rank(row), row) for row in rows]
     best: dict[tuple, tuple[bool, bool]] = {}
-    for row in rows:
-        best[group(row)] = min(best.get(group(row), (True, True)), setup_rank(row))
-    return [r for r in rows if setup_rank(r) == best[group(r)]]
+    for key, rank, _ in keyed:
+        best[key] = min(best.get(key, rank), rank)
+    return [row for key, rank, row in keyed if rank == best[key]]
 
 
 def standardized(row: dict) -> bool:

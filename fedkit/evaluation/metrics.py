@@ -1,4 +1,8 @@
-"""Classification and clustering metrics, plus the relevance score of a pre-training set."""
+"""Classification and clustering metrics, plus the relevance score of a pre-training set.
+
+scikit-learn is imported by the three scores that use it, when they are called: every Ray
+actor, Flower node and ``fedkit run`` imports this module, and most runs score accuracy only
+(``tests/test_evaluation_imports.py``)."""
 
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ def macro_f1(pred: Tensor | np.ndarray, labels: Tensor | np.ndarray, num_classes
     for name, arr in (("pred", p), ("labels", y)):
         if arr.size and (arr.min() < 0 or arr.max() >= num_classes):
             raise ValueError(f"{name} outside [0, {num_classes})")
-    from sklearn.metrics import f1_score  # imported on use: a second or so of start-up
+    from sklearn.metrics import f1_score
 
     return float(f1_score(y, p, average="macro", zero_division=0))
 
