@@ -3,14 +3,20 @@ and a Flower deployment on this machine (a SuperLink and one ``fedkit deploy nod
 client, all on 127.0.0.1).
 
     python benchmarks/runtimes.py --rounds 4
+    python benchmarks/runtimes.py --rounds 4 --clients 2 --no-database
+
+``--clients N`` runs the quickstart with N clients, all of them every round, and N
+deployment nodes (default 10, the recipe's own); ``--no-database`` leaves out the
+deployment whose SuperLink keeps its state in SQLite.
 
 Each run is a fresh process (``fedkit run ... --executor X`` or ``fedkit deploy run``);
 this script watches the run's metrics.jsonl, which gains one line as each round ends
 (checkpoint_every 1), and reports the time from launch to the end of round 1 (start-up
 plus round 1) and the mean time of rounds 2..R. Every run uses one torch thread per client
-(Ray and Flower: 2 actors of 1 CPU; the deployment: 10 node processes sharing 2 cores). It
-prints a table and checks that every runtime wrote the same metrics as the sequential
-one, and prints the ledger's bytes beside the bytes the Flower runs put on the wire.
+(Ray and Flower: 2 actors of 1 CPU; the deployment: one node process per client, all
+sharing this machine's cores). It prints a table and checks that every runtime wrote the
+same metrics as the sequential one, and prints the ledger's bytes beside the bytes the
+Flower runs put on the wire.
 """
 
 from __future__ import annotations
@@ -56,11 +62,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--only", default=None, help="run one runtime (debugging)")
+    parser.add_argument("--clients", type=int, default=10, help="clients, and deployment nodes")
+    parser.add_argument("--no-database", action="store_true", help="skip the SQLite deployment")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fedkit-runtimes-"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    sets = ["--set", f"federation.rounds={args.rounds}", "-q"]
+    sets = ["--set", f"federation.rounds={args.rounds}", *clients_sets(args.clients)]
     results = {}
     for name, extra in [
         ("sequential", []),
@@ -72,7 +80,7 @@ def main() -> None:
         out = tmp / name.replace(" ", "-")
         began = time.monotonic()
         proc = subprocess.Popen(
-            [str(BIN / "fedkit"), "run", "quickstart", "--out", str(out), *sets, *extra],
+            [str(BIN / "fedkit"), "run", "quickstart", "--out", str(out), "-q", *sets, *extra],
             env=env,
             stdout=subprocess.DEVNULL,
         )
@@ -82,11 +90,10 @@ def main() -> None:
         ("flower deployment", False),
         ("flower deployment, SuperLink database", True),
     ):
-        if args.only and args.only != name:
+        if (args.only and args.only != name) or (database and args.no_database):
             continue
-        results[name] = deployment(
-            tmp / name.replace(" ", "-").replace(",", ""), args.rounds, env, database
-        )
+        folder = tmp / name.replace(" ", "-").replace(",", "")
+        results[name] = deployment(folder, args.rounds, args.clients, sets, env, database)
     if args.only:
         return
     base = results["sequential"]
@@ -116,10 +123,25 @@ def main() -> None:
         )
 
 
-def deployment(tmp: Path, rounds: int, env: dict, database: bool) -> tuple[Path, list[float]]:
-    """A SuperLink and ten ``fedkit deploy node`` processes on 127.0.0.1, then ``fedkit
-    deploy run``; every process is stopped after. ``database``: the SuperLink keeps its
-    state in an SQLite file (``--database``) instead of in memory."""
+def clients_sets(clients: int) -> list[str]:
+    """``--set`` arguments giving the quickstart ``clients`` clients, all of them every
+    round (none for its own ten)."""
+    if clients == 10:
+        return []
+    return [
+        "--set",
+        f"data.num_clients={clients}",
+        "--set",
+        f"federation.clients_per_round={clients}",
+    ]
+
+
+def deployment(
+    tmp: Path, rounds: int, clients: int, sets: list[str], env: dict, database: bool
+) -> tuple[Path, list[float]]:
+    """A SuperLink and one ``fedkit deploy node`` process per client on 127.0.0.1, then
+    ``fedkit deploy run`` with ``sets``; every process is stopped after. ``database``: the
+    SuperLink keeps its state in an SQLite file (``--database``) instead of in memory."""
     tmp.mkdir(parents=True)
     port = free_port()
     procs = []
@@ -146,7 +168,7 @@ def deployment(tmp: Path, rounds: int, env: dict, database: bool) -> tuple[Path,
             start_new_session=True,
         )
     )
-    for k in range(10):
+    for k in range(clients):
         node = [
             str(BIN / "fedkit"),
             "deploy",
@@ -190,8 +212,7 @@ def deployment(tmp: Path, rounds: int, env: dict, database: bool) -> tuple[Path,
             "--out",
             str(out),
             "--insecure",
-            "--set",
-            f"federation.rounds={rounds}",
+            *sets,
         ]
         log = (tmp / "deploy-run.log").open("w")
         proc = subprocess.Popen(run, env=env, stdout=log, stderr=subprocess.STDOUT)
