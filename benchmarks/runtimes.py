@@ -125,9 +125,7 @@ def main() -> None:
 
 def clients_sets(clients: int) -> list[str]:
     """``--set`` arguments giving the quickstart ``clients`` clients, all of them every
-    round (none for its own ten)."""
-    if clients == 10:
-        return []
+    round."""
     return [
         "--set",
         f"data.num_clients={clients}",
