@@ -258,5 +258,5 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     # node authentication: the node whose key was not registered was refused, and said so
     assert intruder.wait(timeout=60) != 0
     refused = (tmp_path / "node4.log").read_text()
-    assert "Failed to activate SuperNode" in refused and "the SuperNode stopped" in refused
+    assert "Failed to activate SuperNode" in refused and "the SuperLink did not admit it" in refused
     assert not list((tmp_path / "node4" / "memories").glob("*"))

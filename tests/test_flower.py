@@ -6,6 +6,8 @@ whose client files the nodes wrote."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from conftest import prepared, tiny_recipe
 from test_contract import COMBOS, with_logdir
@@ -23,7 +25,6 @@ pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'fedkit[flower]')"
 )
 
-from fedkit.flower import supernode  # noqa: E402
 from fedkit.flower.flower_executor import use_link  # noqa: E402
 from fedkit.flower.records import get_meta, state_keys  # noqa: E402
 from fedkit.flower.simulation import SimulationLink  # noqa: E402
@@ -135,29 +136,126 @@ def test_a_flower_run_resumes_from_the_nodes_files(link, tmp_path):
     assert a.keys() == b.keys() and all(same_pools([a[k]], [b[k]]) for k in a)
 
 
-def test_the_supernode_sleeps_short_after_work_and_longer_while_idle(monkeypatch):
-    """Flower's SuperNode loop sleeps 3 s when idle; fedkit's starts at 20 ms after any
-    work, doubles while idle, and never exceeds its limit nor what Flower asked."""
-    clock, slept = [100.0], []
+class Fleet:
+    """Flower's Fleet connection as ``fedkit.flower.runner.serve`` uses it, without a
+    SuperLink: ``inbox`` holds (run id, message) pairs to hand out, each as Flower sends
+    one (a shell and its object tree; the objects on request), and what the node sends
+    back is kept, and ``replies`` inflates it. Run ``gone`` is no longer running."""
 
-    class Clock:
-        @staticmethod
-        def monotonic() -> float:
-            return clock[0]
+    def __init__(self, inbox, gone=None):
+        self.inbox, self.gone, self.objects, self.confirmed = inbox, gone, {}, []
+        self.trees: list = []
+        self.pushed: dict[str, bytes] = {}
 
-        @staticmethod
-        def sleep(seconds: float) -> None:
-            slept.append(round(seconds, 3))
-            clock[0] += seconds + 0.001  # an idle poll takes a millisecond
+    def connect(self, superlink, insecure, certificates, keys):
+        import contextlib
 
-    monkeypatch.setattr(supernode, "time", Clock)
-    sleeps = supernode.ShortSleeps(0.2)
-    for _ in range(6):
-        sleeps.sleep(3)
-    clock[0] += 1.0  # a message was handled
-    sleeps.sleep(3)
-    sleeps.sleep(0.01)
-    assert slept == [0.02, 0.04, 0.08, 0.16, 0.2, 0.2, 0.02, 0.01]
+        from flwr.supercore.inflatable.inflatable_object import (
+            get_all_nested_objects,
+            get_object_tree,
+            iterate_object_tree,
+        )
+        from flwr.supercore.run import RunNotRunningException
+
+        def receive():
+            if not self.inbox:
+                return None
+            message = self.inbox.pop(0)
+            message.metadata.__dict__["_message_id"] = message.object_id
+            tree = get_object_tree(message)
+            self.objects |= {k: v.deflate() for k, v in get_all_nested_objects(message).items()}
+            return message, tree
+
+        def get_run(run_id):
+            if run_id == self.gone:
+                raise RunNotRunningException
+            return type("Run", (), {"series_id": f"series-{run_id}"})()
+
+        def send(reply, tree, seconds):
+            self.trees.append(tree)
+            return {t.object_id for t in iterate_object_tree(tree)}, "session"
+
+        def push_object(run_id, session, key, content):
+            self.pushed[key] = content
+
+        @contextlib.contextmanager
+        def connection():
+            yield (
+                42, receive, send, get_run, None,
+                lambda run_id, key: self.objects[key],
+                push_object,
+                lambda run_id, key: self.confirmed.append(key),
+            )  # fmt: skip
+
+        return connection()
+
+    def replies(self):
+        """The messages the node sent, rebuilt from the objects it pushed."""
+        from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+
+        return [
+            inflate_object_from_contents(t.object_id, dict(self.pushed), keep_object_contents=True)
+            for t in self.trees
+        ]
+
+
+def incoming(run_id: int, kind: str, value: int):
+    from flwr.app import ConfigRecord, Message, Metadata, RecordDict
+
+    meta = Metadata(
+        run_id=run_id, message_id="", src_node_id=1, dst_node_id=42, reply_to_message_id="",
+        group_id="1", created_at=time.time(), ttl=3600, message_type=kind,
+    )  # fmt: skip
+    return Message(RecordDict({"in": ConfigRecord({"value": value})}), metadata=meta)
+
+
+def test_a_deployed_node_answers_in_its_own_process_and_keeps_one_state_per_run(
+    monkeypatch, tmp_path
+):
+    """``fedkit deploy node`` is one process: it pulls each message over Flower's Fleet
+    API, answers it with its host, keeps the node's state per run series across messages,
+    sends a raised error as the client's failure, skips a run that stopped, and while idle
+    asks less and less often, up to its ``poll``."""
+    from fedkit.flower import runner
+
+    calls, slept = [], []
+
+    class Host:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def handle(self, kind, content, state, partition):
+            from flwr.app import ConfigRecord, RecordDict
+
+            value = int(content["in"]["value"])
+            if value < 0:
+                raise ValueError("a negative value")
+            count = int(state["seen"]["count"]) + 1 if "seen" in state else 1
+            state["seen"] = ConfigRecord({"count": count})
+            calls.append((kind, value, partition))
+            return RecordDict({"out": ConfigRecord({"value": value * 10, "seen": count})})
+
+    messages = [
+        incoming(7, "query", 1), incoming(7, "train", 2), incoming(9, "train", 3),
+        incoming(5, "train", 4), incoming(7, "evaluate", -1), incoming(7, "train", 6),
+    ]  # fmt: skip
+    fleet = Fleet(list(messages), gone=5)
+    monkeypatch.setattr(runner, "http_request_response", fleet.connect)
+    monkeypatch.setattr(runner, "NodeHost", Host)
+    monkeypatch.setattr(runner.time, "sleep", slept.append)
+    runner.serve("127.0.0.1:1", 3, tmp_path, poll=0.1, stop=lambda: len(slept) >= 5)
+
+    assert calls == [("query", 1, 3), ("train", 2, 3), ("train", 3, 3), ("train", 6, 3)]
+    assert fleet.confirmed == [m.object_id for m in messages if m.metadata.run_id != 5]
+    replies = fleet.replies()
+    answered = [r for r in replies if r.has_content()]
+    assert [(int(r.content["out"]["value"]), int(r.content["out"]["seen"])) for r in answered] == [
+        (10, 1), (20, 2), (30, 1), (60, 3),
+    ]  # fmt: skip
+    (failed,) = [r for r in replies if r.has_error()]
+    assert "ValueError: a negative value" in failed.error.reason
+    assert all(r.metadata.dst_node_id == 1 for r in replies)
+    assert slept == [0.02, 0.04, 0.08, 0.1, 0.1]
 
 
 def test_a_checkpoint_sends_no_message_and_names_the_files_the_nodes_wrote(link, tmp_path):

@@ -1,7 +1,7 @@
 """``fedkit deploy``: a recipe on a real Flower federation.
 
-``node`` starts one site: Flower's SuperNode (in process isolation) and fedkit's
-long-lived process that runs its ClientApp tasks (``fedkit.flower.runner``). ``app``
+``node`` starts one site: one process that is the site's Flower node and runs its
+fedkit client (``fedkit.flower.runner``). ``app``
 writes the Flower app (a ``pyproject.toml`` naming fedkit's ServerApp and ClientApp) and
 ``run`` submits a recipe to a SuperLink with ``flwr run``. docs/deploy.md walks through it.
 """
@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
@@ -91,22 +90,16 @@ def node(
     partition: Annotated[
         int, typer.Option(help="The client this site holds (its partition of the recipe's data).")
     ],
-    dir: Annotated[
-        Path,
-        typer.Option("--dir", help="This node's folder: its socket and what its client keeps."),
-    ],
+    dir: Annotated[Path, typer.Option("--dir", help="This node's folder: what its client keeps.")],
     insecure: Insecure = False,
     root_certificates: RootCertificates = None,
     auth_key: Annotated[
         Path | None,
         typer.Option(help="This node's private key, for SuperLink node authentication."),
     ] = None,
-    port: Annotated[
-        int | None, typer.Option(help="Port of the SuperNode's local API (default: a free one).")
-    ] = None,
     poll: Annotated[
         float,
-        typer.Option(help="Longest wait of the idle SuperNode between asks for messages (s)."),
+        typer.Option(help="Longest wait of the idle node between asks for messages (s)."),
     ] = 0.2,
     data: Annotated[
         Path | None,
@@ -117,50 +110,56 @@ def node(
         ),
     ] = None,
 ) -> None:
-    """Start one site: Flower's SuperNode and fedkit's process that runs its client."""
+    """Start one site: a Flower node, in one process with the fedkit client it holds."""
     tool("flower-supernode")  # the flower extra is installed, or a clear error
+    from fedkit.flower.node_keys import load_key_pair
     from fedkit.flower.runner import serve
 
+    connection(insecure, root_certificates)  # one of the two is given, or a clear error
     folder = dir.expanduser().resolve()
     site = data.expanduser().resolve() if data is not None else None
     if site is not None and not site.is_dir():
         raise typer.BadParameter(f"{data} is not a directory of class folders", param_hint="--data")
-    local = port or free_port()
-    command = [
-        sys.executable, "-m", "fedkit.flower.supernode", "--superlink", superlink,
-        *connection(insecure, root_certificates),
-        "--node-config", f'partition-id={partition} fedkit-dir="{folder}"',
-        "--isolation", "process", "--host", "127.0.0.1", "--port", str(local),
-    ]  # fmt: skip
+    certificates = None if insecure else readable(root_certificates, "--root-certificates")
+    keys = None
     if auth_key is not None:
-        command += ["--auth-supernode-private-key", str(auth_key)]
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FEDKIT_NODE_POLL": str(poll)}
+        try:
+            keys = load_key_pair(auth_key.expanduser())
+        except OSError as error:
+            hint = "--auth-key"
+            raise typer.BadParameter(f"{auth_key}: {error.strerror}", param_hint=hint) from None
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--auth-key") from None
     folder.mkdir(parents=True, exist_ok=True)
-    supernode = subprocess.Popen(command, env=env, start_new_session=True)
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
     def stop(signum: int, frame: object) -> None:
-        code = supernode.poll()
-        if code:  # e.g. a SuperLink that requires node authentication refused this node
-            raise SystemExit(f"the SuperNode stopped with exit code {code} (Flower's reason above)")
-        raise SystemExit(0)
+        raise SystemExit(0)  # leaves the SuperLink (deactivates this node) on the way out
 
-    def watch() -> None:
-        supernode.wait()
-        os.kill(os.getpid(), signal.SIGTERM)  # the SuperNode ended: so does this node
+    def connected(node_id: int) -> None:
+        typer.echo(f"node {node_id} joined {superlink}, holding client {partition}")
 
     signal.signal(signal.SIGTERM, stop)
-    threading.Thread(target=watch, daemon=True).start()
     try:
-        serve(f"127.0.0.1:{local}", partition, folder, site=site)
+        serve(
+            superlink, partition, folder, certificates=certificates, keys=keys, site=site,
+            poll=poll, connected=connected,
+        )  # fmt: skip
     except KeyboardInterrupt:
         pass
-    finally:
-        if supernode.poll() is None:
-            os.killpg(supernode.pid, signal.SIGTERM)
-            try:
-                supernode.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(supernode.pid, signal.SIGKILL)
+    except SystemExit as done:
+        if done.code:  # e.g. a SuperLink that requires node authentication refused this node
+            typer.echo("the node stopped: the SuperLink did not admit it (Flower's reason above)")
+            raise typer.Exit(1) from None
+
+
+def readable(path: Path | None, option: str) -> bytes:
+    """The bytes of the file an option names, or a clear error naming the option."""
+    assert path is not None
+    try:
+        return path.expanduser().read_bytes()
+    except OSError as error:
+        raise typer.BadParameter(f"{path}: {error.strerror}", param_hint=option) from None
 
 
 @app.command("app")

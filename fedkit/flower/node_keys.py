@@ -3,7 +3,8 @@
 Flower's SuperLink, started with ``--enable-supernode-auth``, admits only SuperNodes whose
 public key was registered with it; a SuperNode proves it holds the matching private key
 (``--auth-supernode-private-key``). Flower reads both keys in OpenSSH format on a NIST
-curve. ``fedkit deploy keygen`` makes such a pair, so a site needs no ``ssh-keygen``.
+curve. ``fedkit deploy keygen`` makes such a pair, so a site needs no ``ssh-keygen``;
+``fedkit deploy node --auth-key`` reads the private one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -42,3 +44,15 @@ def make_key_pair(private: Path) -> Path:
     )
     public.write_bytes(shared + b"\n")
     return public
+
+
+def load_key_pair(private: Path) -> tuple[ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey]:
+    """The key pair of the OpenSSH private key at ``private``; ``ValueError`` naming the
+    file when it is not an elliptic-curve key."""
+    try:
+        key = serialization.load_ssh_private_key(private.read_bytes(), None)
+    except (ValueError, UnsupportedAlgorithm) as error:
+        raise ValueError(f"{private}: not an OpenSSH private key ({error})") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{private}: expected an elliptic-curve key (fedkit deploy keygen)")
+    return key, key.public_key()

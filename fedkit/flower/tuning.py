@@ -5,7 +5,7 @@ arrived yet again after 1 s, then 2 s, 4 s, up to 10 s; its SuperNode sleeps 3 s
 finds no message. On a round trip of small messages those waits, not the work, set the
 pace (7 s per message measured here on a 3-node trial). ``quick_pulls`` makes the object
 pulls of this process retry after 20 ms, doubling to at most 0.2 s; fedkit calls it in
-its node process (``runner``), its SuperNode (``supernode``) and its ServerApp.
+its node process (``runner``) and its ServerApp.
 """
 
 from __future__ import annotations
@@ -41,4 +41,4 @@ def quick_pulls() -> None:
             module.pull_objects = pull_objects
 
 
-USERS = ("flwr.superlink.grid.http_grid", "flwr.supernode.start_client_internal")
+USERS = ("flwr.superlink.grid.http_grid",)
