@@ -120,14 +120,13 @@ def node(
     site = data.expanduser().resolve() if data is not None else None
     if site is not None and not site.is_dir():
         raise typer.BadParameter(f"{data} is not a directory of class folders", param_hint="--data")
-    certificates = None if insecure else readable(root_certificates, "--root-certificates")
+    certificates = None
+    if not insecure and root_certificates is not None:
+        certificates = readable(root_certificates, "--root-certificates")
     keys = None
     if auth_key is not None:
         try:
             keys = load_key_pair(auth_key.expanduser())
-        except OSError as error:
-            hint = "--auth-key"
-            raise typer.BadParameter(f"{auth_key}: {error.strerror}", param_hint=hint) from None
         except ValueError as error:
             raise typer.BadParameter(str(error), param_hint="--auth-key") from None
     folder.mkdir(parents=True, exist_ok=True)
@@ -153,9 +152,8 @@ def node(
             raise typer.Exit(1) from None
 
 
-def readable(path: Path | None, option: str) -> bytes:
+def readable(path: Path, option: str) -> bytes:
     """The bytes of the file an option names, or a clear error naming the option."""
-    assert path is not None
     try:
         return path.expanduser().read_bytes()
     except OSError as error:

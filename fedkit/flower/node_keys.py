@@ -48,9 +48,11 @@ def make_key_pair(private: Path) -> Path:
 
 def load_key_pair(private: Path) -> tuple[ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey]:
     """The key pair of the OpenSSH private key at ``private``; ``ValueError`` naming the
-    file when it is not an elliptic-curve key."""
+    file when it cannot be read or is not an elliptic-curve key."""
     try:
         key = serialization.load_ssh_private_key(private.read_bytes(), None)
+    except OSError as error:
+        raise ValueError(f"{private}: {error.strerror}") from None
     except (ValueError, UnsupportedAlgorithm) as error:
         raise ValueError(f"{private}: not an OpenSSH private key ({error})") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey):

@@ -102,13 +102,7 @@ def serve(
                     series[run_id] = get_run(run_id).series_id
                 state = states.setdefault(series[run_id], RecordDict())
                 began = time.perf_counter()
-                message = pull_and_inflate_object_from_tree(
-                    tree,
-                    partial(pull_object, run_id),
-                    partial(confirm, run_id),
-                    return_type=Message,
-                )
-                message.metadata.__dict__["_message_id"] = tree.object_id
+                message = pull(tree, partial(pull_object, run_id), partial(confirm, run_id))
                 pulled = time.perf_counter()
                 reply = answer(host, message, state, partition)
                 handled = time.perf_counter()
@@ -122,6 +116,15 @@ def serve(
                     f"push {time.perf_counter() - handled:.3f} state {state_bytes(state)} B",
                     flush=True,
                 )
+
+
+def pull(tree: Any, pull_object: Callable, confirm: Callable) -> Message:
+    """The message whose object tree the SuperLink handed out, its objects pulled and
+    their receipt confirmed."""
+
+    message = pull_and_inflate_object_from_tree(tree, pull_object, confirm, return_type=Message)
+    message.metadata.__dict__["_message_id"] = tree.object_id  # not part of its own objects
+    return message
 
 
 def answer(host: NodeHost, message: Message, state: RecordDict, partition: int) -> Message:
