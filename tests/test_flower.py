@@ -22,7 +22,7 @@ from fedkit.rundir.integrity import sha256_bytes
 from fedkit.rundir.store import MEMORIES
 
 pytest.importorskip(
-    "flwr", reason="the flower extra is not installed (pip install 'fedkit[flower]')"
+    "flwr", reason="the flower extra is not installed (pip install 'fedkit-fl[flower]')"
 )
 
 from fedkit.flower.flower_executor import use_link  # noqa: E402
@@ -240,7 +240,7 @@ def test_a_deployed_node_answers_in_its_own_process_and_keeps_one_state_per_run(
         incoming(5, "train", 4), incoming(7, "evaluate", -1), incoming(7, "train", 6),
     ]  # fmt: skip
     fleet = Fleet(list(messages), gone=5)
-    monkeypatch.setattr(runner, "http_request_response", fleet.connect)
+    monkeypatch.setattr(runner.internals, "connect", fleet.connect)
     monkeypatch.setattr(runner, "NodeHost", Host)
     monkeypatch.setattr(runner.time, "sleep", slept.append)
     runner.serve("127.0.0.1:1", 3, tmp_path, poll=0.1, stop=lambda: len(slept) >= 5)
@@ -403,8 +403,8 @@ def test_a_deployed_nodes_state_names_its_files_and_trains_as_one_that_holds_byt
     )
     try:
         hosts = {
-            "resident": (NodeHost(tmp_path / "a", (), resident=True), RecordDict()),
-            "bytes": (NodeHost(None, ()), RecordDict()),
+            "resident": (NodeHost(tmp_path / "a", resident=True), RecordDict()),
+            "bytes": (NodeHost(), RecordDict()),
         }
         uploads = {}
         for name, (host, state) in hosts.items():
@@ -422,7 +422,7 @@ def test_a_deployed_nodes_state_names_its_files_and_trains_as_one_that_holds_byt
         assert {k: v.tolist() for k, v in uploads["resident"].items()} == {
             k: v.tolist() for k, v in uploads["bytes"].items()
         }  # round 3 trained on the memory of round 2, read back from its file
-        fresh = NodeHost(tmp_path / "a", (), resident=True)  # the process was restarted
+        fresh = NodeHost(tmp_path / "a", resident=True)  # the process was restarted
         (job,) = jobs(run, [1])
         with pytest.raises(RuntimeError, match="no longer holds the run's setup"):
             fresh.handle("train", job_content(job, [0], [3, 0]), resident_state, 1)

@@ -76,7 +76,7 @@ def test_a_node_with_a_site_trains_on_the_sites_images(tmp_path):
     raw = tiny_recipe(federation={"rounds": 1, "clients_per_round": 3}, data={"local_test_size": 4})
     run = prepare(validate(raw))
     content = setup_message(run, "t")
-    host, state = NodeHost(tmp_path / "memories", (), site=tmp_path / "site"), RecordDict()
+    host, state = NodeHost(tmp_path / "memories", site=tmp_path / "site"), RecordDict()
     answer = get_meta(host.handle("query", content, state, 2))
     assert answer == {"client": 2, "samples": 14 - run.recipe.data.local_test_size}
     run.server.round = 1

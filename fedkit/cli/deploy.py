@@ -38,7 +38,7 @@ build-backend = "hatchling.build"
 [project]
 name = "fedkit-flower-app"
 version = "1.0.0"
-dependencies = ["fedkit[flower]"]
+dependencies = ["fedkit-fl[flower]"]
 
 [tool.hatch.build.targets.wheel]
 packages = ["."]
@@ -63,7 +63,7 @@ def tool(name: str) -> str:
     found = str(here) if here.is_file() else shutil.which(name)
     if found is None:
         raise typer.BadParameter(
-            f"{name} not found: install the flower extra (pip install 'fedkit[flower]')"
+            f"{name} not found: install the flower extra (pip install 'fedkit-fl[flower]')"
         )
     return found
 
@@ -109,6 +109,13 @@ def node(
             "instead of its partition of the recipe's data set.",
         ),
     ] = None,
+    allow: Annotated[
+        str | None,
+        typer.Option(
+            help="The plugins this node runs, comma-separated (default: every plugin installed "
+            "here); a run whose recipe names another is refused.",
+        ),
+    ] = None,
 ) -> None:
     """Start one site: a Flower node, in one process with the fedkit client it holds."""
     tool("flower-supernode")  # the flower extra is installed, or a clear error
@@ -120,6 +127,7 @@ def node(
     site = data.expanduser().resolve() if data is not None else None
     if site is not None and not site.is_dir():
         raise typer.BadParameter(f"{data} is not a directory of class folders", param_hint="--data")
+    allowed = allowed_plugins(allow)
     certificates = None
     if not insecure and root_certificates is not None:
         certificates = readable(root_certificates, "--root-certificates")
@@ -142,7 +150,7 @@ def node(
     try:
         serve(
             superlink, partition, folder, certificates=certificates, keys=keys, site=site,
-            poll=poll, connected=connected,
+            allow=allowed, poll=poll, connected=connected,
         )  # fmt: skip
     except KeyboardInterrupt:
         pass
@@ -150,6 +158,24 @@ def node(
         if done.code:  # e.g. a SuperLink that requires node authentication refused this node
             typer.echo("the node stopped: the SuperLink did not admit it (Flower's reason above)")
             raise typer.Exit(1) from None
+
+
+def allowed_plugins(allow: str | None) -> frozenset[str] | None:
+    """``--allow``'s plugin names, each installed here, or a clear error naming it."""
+    if allow is None:
+        return None
+    from fedkit.plugin.entrypoints import discover
+
+    names = frozenset(n.strip() for n in allow.split(",") if n.strip())
+    installed = discover()
+    unknown = sorted(names - set(installed))
+    if not names or unknown:
+        raise typer.BadParameter(
+            f"{', '.join(unknown) or 'nothing'}: name plugins installed here "
+            f"({', '.join(sorted(installed))})",
+            param_hint="--allow",
+        )
+    return names
 
 
 def readable(path: Path, option: str) -> bytes:
@@ -173,13 +199,18 @@ def write_app(
 @app.command("run")
 def run(
     recipe: Annotated[
-        str, typer.Argument(help="A recipe file or shipped name (read by the ServerApp).")
+        str,
+        typer.Argument(
+            help="A recipe file or shipped name, read here; its YAML text is what the "
+            "SuperLink receives."
+        ),
     ],
     superlink: Annotated[str, typer.Option(help="The SuperLink's Control API, host:port.")],
     out: Annotated[
-        Path,
+        str,
         typer.Option(
-            help="The run directory (on the SuperLink's machine); resumed if it has a checkpoint."
+            help="The run directory: a relative name, under the folder the SuperLink's "
+            "operator set (FEDKIT_SERVER_ROOT); resumed if it has a checkpoint."
         ),
     ],
     set: Annotated[
@@ -189,17 +220,35 @@ def run(
     root_certificates: RootCertificates = None,
 ) -> None:
     """Submit a recipe to a SuperLink (`flwr run`) and stream its log until it ends."""
-    source = str(Path(recipe).resolve()) if Path(recipe).is_file() else recipe
+    import tomli_w  # Flower's own dependency: the flower extra is installed
+
+    from fedkit.config.schema import load_recipe
+    from fedkit.config.shipped import resolve
+    from fedkit.errors import FedkitError
+    from fedkit.flower.server_root import relative_name
+
+    if not relative_name(out):
+        raise typer.BadParameter(
+            f"{out!r}: expected a relative folder name without '..' (it is made under the "
+            "SuperLink's FEDKIT_SERVER_ROOT)",
+            param_hint="--out",
+        )
+    overrides = set or []
+    try:
+        path = resolve(recipe)
+        load_recipe(path, overrides)  # a recipe that cannot run is refused here, not there
+        text = path.read_text()
+    except (FedkitError, OSError) as error:
+        raise typer.BadParameter(str(error), param_hint="RECIPE") from None
     with flower_home(superlink, insecure, root_certificates) as (env, tmp):
         app_dir = tmp / "app"
         write_app(app_dir)
-        values = {
-            "recipe": source,
-            "out": str(out.expanduser().resolve()),
-            "set": ";".join(set or []),
-        }
-        config = " ".join(f"{k}={_toml(v)}" for k, v in values.items())
-        command = [tool("flwr"), "run", str(app_dir), "fedkit", "--stream", "--run-config", config]
+        values = {"recipe": text, "out": out.strip(), "set": ";".join(overrides)}
+        config = tmp / "run-config.toml"  # a file: the recipe's text spans lines
+        config.write_text(tomli_w.dumps(values))
+        command = [
+            tool("flwr"), "run", str(app_dir), "fedkit", "--stream", "--run-config", str(config),
+        ]  # fmt: skip
         raise typer.Exit(subprocess.call(command, env=env))
 
 

@@ -1,6 +1,7 @@
 """The federated round loop. Server side: sample_clients → downlink; client side (in the
 executor): select_cluster → update_client → training → upload_selection →
-process_upload; server side again: aggregate → server_update → round_end; evaluation:
+process_upload; server side again: each reply checked (``reply_checks``) and booked →
+aggregate → server_update → round_end; evaluation:
 the evaluator's global scores, each evaluated client's personal model scored on the
 client (personal_model → evaluate_client), the server's evaluate; round_logged."""
 
@@ -18,14 +19,23 @@ import torch
 from torch import Tensor
 
 from fedkit.config.schema import Recipe
-from fedkit.core import faults
+from fedkit.core import faults, reply_checks
 from fedkit.core.aggregation import weighted_mean
 from fedkit.core.evaluator import Evaluator, due, monitored
 from fedkit.core.executor import Clients, Executor, Population, StoreSpec
-from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, read_only
+from fedkit.core.messages import (
+    ClientJob,
+    ClientResult,
+    ClientSetup,
+    EvalJob,
+    EvalResult,
+    read_only,
+)
 from fedkit.core.preflight import check
+from fedkit.core.reply_checks import Expected
 from fedkit.core.row import evaluation_entries, summarise
 from fedkit.core.server import MISSING, Server, Upload
+from fedkit.core.setup_data import once_shapes
 from fedkit.core.worker import non_finite
 from fedkit.data.federated import FederatedData, build_federated_data
 from fedkit.errors import RecipeError, RoundFailed
@@ -67,6 +77,8 @@ class Run:
     evaluator: Evaluator
     data: FederatedData
     notes: list[str] = field(default_factory=list)
+    expected: Expected | None = None
+    """What the server accepts in a reply (``reply_checks``), found in the first round."""
     began: float = field(default_factory=time.perf_counter)
     times: dict[str, float] = field(default_factory=dict)
     """The last round's wall time: ``train`` (the clients' jobs as the server waited for
@@ -143,7 +155,7 @@ def prepare(
     available = plugins.available if plugins.custom else None
     setup = ClientSetup(
         recipe, server.template, server.private, str(device), available, kept,
-        server.ledger.aux_patterns,
+        server.ledger.aux_patterns, once_shapes(server),
     )  # fmt: skip
     evaluator = Evaluator(recipe, data)
     population = Population(Clients(data), evaluator.benchmark())
@@ -248,8 +260,10 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     server.sampled = metrics["clients"] = sampled
     reporter.round_started(round, sampled)
     results, failures = [], []
+    if run.expected is None:
+        run.expected = Expected.of(server, plugins)
     for result in run.executor.run(jobs(run, sampled)):
-        receive(server, result)
+        result = receive(server, result, run.expected)
         (results if result.failure is None else failures).append(result)
         reporter.client_done(round, result.client)
     trained = time.perf_counter()
@@ -319,7 +333,8 @@ def evaluate_round(run: Run, round: int) -> dict[str, Any]:
             cluster = server.roster[cid].cluster or 0
             asks.append(EvalJob(round, cid, cluster, offers[cluster], scores))
             server.ledger.record(round, cid, "eval", offers[cluster])
-        metrics.update(evaluation_entries(list(run.executor.evaluate(asks))))
+        answers = [receive_scores(server, r) for r in run.executor.evaluate(asks)]
+        metrics.update(evaluation_entries(answers))
     with precision.compute(run.recipe, server.device), torch.no_grad():
         run.plugins.call("evaluate", server=server, round=round)
     return metrics
@@ -376,18 +391,31 @@ def checked_sample(run: Run, sampled: list[int] | None) -> list[int]:
     return ids
 
 
-def receive(server: Server, result: ClientResult) -> None:
-    """Book a client's result: the clusters it fetched, its upload, its reported identity
-    (a failed client's downloads only)."""
+def receive(server: Server, result: ClientResult, expected: Expected) -> ClientResult:
+    """Check a client's result (``reply_checks``: a refused one becomes a failed one),
+    then book it: the clusters it fetched, its upload and reported values, its reported
+    identity (a failed client's downloads only). Returns the result as accepted."""
+    result = reply_checks.checked(result, expected, server)
+    ledger = server.ledger
     for cluster in result.fetched:
-        server.ledger.record(server.round, result.client, "down", server.pool[cluster])
+        ledger.record(server.round, result.client, "down", server.pool[cluster])
     if result.failure is not None:
-        return
-    server.ledger.record(server.round, result.client, "up", result.upload)
+        return result
+    ledger.record(server.round, result.client, "up", result.upload)
+    ledger.record_values(server.round, result.client, "up", result.metrics)
     server._participants.add(result.client)
     info = server.roster[result.client]
     info.participations += 1
     info.cluster, info.last_round = result.cluster, server.round
+    return result
+
+
+def receive_scores(server: Server, result: EvalResult) -> EvalResult:
+    """Check a client's evaluation reply (its scores' types) and book its scores."""
+    result = reply_checks.checked_scores(result)
+    if result.failure is None:
+        server.ledger.record_values(server.round, result.client, "eval", result.metrics)
+    return result
 
 
 def update_cluster(run: Run, cluster: int, uploads: list[Upload]) -> dict[str, Tensor]:

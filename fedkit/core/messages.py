@@ -29,7 +29,10 @@ class ClientSetup:
     ``available`` is the plugin registry to build client-side plugins from (``None``:
     the installed entry points); ``device`` is the resolved device name; ``auxiliary``
     the key patterns plugins declared auxiliary (so a client can split its upload by the
-    ledger's categories, as a transport that sends them apart needs).
+    ledger's categories, as a transport that sends them apart needs); ``once`` the
+    dtypes and shapes of what the server computed once for the model (``server.once``:
+    name → key → ``[dtype, shape]``), so a node can rebuild the model as data
+    (``fedkit.core.setup_data``).
     """
 
     recipe: Recipe
@@ -39,6 +42,7 @@ class ClientSetup:
     available: dict[str, Any] | None = None
     kept: frozenset[str] | None = None
     auxiliary: tuple[str, ...] = ()
+    once: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
 
 @dataclass

@@ -2,8 +2,8 @@
 runtime (``simulation.py``), a node's client side (``node.py``), fedkit's messages as
 Flower records (``records.py``), and what a deployment runs: the apps (``serverapp.py``,
 ``clientapp.py``), a node in one long-lived process (``runner.py``), its key pair for node
-authentication (``node_keys.py``) and shorter waits inside Flower (``tuning.py``). Needs
-the ``flower`` extra."""
+authentication (``node_keys.py``) and what it uses of Flower beyond its public API
+(``internals.py``). Needs the ``flower`` extra."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ def import_flwr() -> Any:
         import flwr
     except ImportError:
         raise RecipeError(
-            "engine.executor", "the flower extra installed (pip install 'fedkit[flower]')", "flower"
+            "engine.executor",
+            "the flower extra installed (pip install 'fedkit-fl[flower]')",
+            "flower",
         ) from None
     return flwr

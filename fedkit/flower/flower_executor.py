@@ -19,28 +19,28 @@ matches what the other executors book, and a Flower mod sees exactly what is sen
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import pickle
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import Message, RecordDict
 
 from fedkit.core.executor import Population, StoreSpec
 from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, EvalResult
-from fedkit.errors import FedkitError
-from fedkit.flower.node import ROUND_OF_FILE, SETUP
+from fedkit.core.setup_data import describe
+from fedkit.errors import FedkitError, RecipeError
+from fedkit.flower.node import ROUND_OF_FILE, TEMPLATE
 from fedkit.flower.records import (
     eval_content,
     eval_result_of,
     get_meta,
     job_content,
     message,
+    put_state,
     result_of,
     state_keys,
     wire_bytes,
@@ -155,9 +155,10 @@ class FlowerExecutor:
         """Set every node up for this run; which node holds which client (node ids are
         Flower's random numbers, a node's client is its ``partition-id``)."""
         recipe = setup.recipe
+        refuse_uninstalled(setup)
         content = setup_content(setup, population, folder, uuid.uuid4().hex)
         nodes = list(self.grid.get_node_ids())
-        self.wire["down"] += len(content[SETUP]["bytes"]) * len(nodes)
+        self.wire["down"] += wire_bytes(content) * len(nodes)
         ids = set(self.grid.push_messages([self._message(content, node) for node in nodes]))
         clients, found = recipe.data.num_clients, dict[int, int]()
         deadline = time.monotonic() + (self.timeout or SETUP_WAIT)
@@ -311,22 +312,35 @@ class FlowerExecutor:
 def setup_content(
     setup: ClientSetup, population: Population, folder: Path | None, token: str
 ) -> RecordDict:
-    """The ``setup`` query the server sends every node at a run's start: the recipe, the
-    federation's classes and normalisation statistics (for a site that brings its own
-    images, ``fedkit.data.site``), the plugin packages a node must trust, and the pickled
-    setup without the recipe (a plugin's module travels only when it is not installed)."""
+    """The ``setup`` query the server sends every node at a run's start, all of it data:
+    the setup's JSON part (``fedkit.core.setup_data.describe``: the recipe, key lists),
+    the federation's classes and normalisation statistics (a node builds its client's
+    data with them, and a site that brings its own images maps its folders onto them,
+    ``fedkit.data.site``), and the template's tensors. The node rebuilds the model with
+    the plugins installed on it; one it does not run refuses the setup."""
     shared = population.clients[0].train
-    custom = {n: p for n, p in (setup.available or {}).items() if not installed(p)}
     meta = {
         "action": "setup",
         "token": token,
-        "recipe": setup.recipe.model_dump(mode="json"),
+        "setup": describe(setup),
         "folder": str(folder) if folder is not None else None,
         "classes": list(shared.classes),
         "stats": [list(shared.mean), list(shared.std)],
-        "trusted": sorted({getattr(p, "__module__", "").split(".")[0] for p in custom.values()}),
     }
     content = message(meta)
-    bare = dataclasses.replace(setup, recipe=None, available=custom or None)
-    content[SETUP] = ConfigRecord({"bytes": pickle.dumps(bare)})
+    put_state(content, TEMPLATE, setup.template.state_dict())
     return content
+
+
+def refuse_uninstalled(setup: ClientSetup) -> None:
+    """A node runs only the plugins installed on it: a recipe plugin given in-process
+    (not an installed entry point) cannot run on Flower nodes."""
+    for index, spec in enumerate(setup.recipe.plugins):
+        plugin = (setup.available or {}).get(spec.name)
+        if plugin is not None and not installed(plugin):
+            raise RecipeError(
+                f"plugins.{index}",
+                "a plugin installed as a `fedkit` entry point (Flower nodes run only the "
+                "plugins installed on them, never code the server sends)",
+                spec.name,
+            )

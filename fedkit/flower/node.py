@@ -45,27 +45,32 @@ from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, RecordDict
+from torch import Tensor
 
-from fedkit.config.schema import validate
+from fedkit.config.schema import Recipe, validate
 from fedkit.core.evaluator import Evaluator
 from fedkit.core.executor import client_threads_count
 from fedkit.core.faults import InjectedCrash
 from fedkit.core.messages import ClientResult, ClientSetup
+from fedkit.core.setup_data import rebuild
 from fedkit.core.worker import Benchmark, Worker
 from fedkit.data.federated import ClientData, build_federated_data
 from fedkit.data.site import load_site
-from fedkit.errors import MissingOffer
+from fedkit.errors import FedkitError, MissingOffer
 from fedkit.flower.records import (
+    LAYOUT,
     categories,
     eval_of,
     eval_result_content,
     get_meta,
+    get_state,
     job_of,
     message,
-    restricted_loads,
     result_content,
+    state_of,
 )
-from fedkit.plugin.registry import discover, registries
+from fedkit.plugin.entrypoints import discover
+from fedkit.plugin.registry import registries
 from fedkit.rundir.atomic import write_bytes
 from fedkit.rundir.integrity import sha256_bytes
 from fedkit.rundir.store import (
@@ -230,7 +235,7 @@ def threads(count: int) -> None:
     os.environ["OMP_NUM_THREADS"] = str(max(1, count))
 
 
-SETUP, RUN = "fedkit.setup", "fedkit.run"
+SETUP, RUN, TEMPLATE = "fedkit.setup", "fedkit.run", "fedkit.template"
 
 
 class NodeHost:
@@ -238,21 +243,23 @@ class NodeHost:
 
     ``folder`` is where nodes persist memories (a deployment's node folder); ``None``
     takes the folder the server names in its setup (a simulation, on the server's
-    machine). ``trusted`` are the packages, besides fedkit's own, whose classes a setup
-    may rebuild; ``None`` trusts the modules the server lists (a simulation only).
-    ``site`` is a real site's own ImageFolder (``fedkit.data.site``): its client trains
-    and evaluates on those images instead of a partition of the recipe's data set.
-    ``resident``: this host lives as long as the node it answers for, so the run's setup
-    stays here rather than in the node's state (see the module docstring)."""
+    machine). A node runs only plugins installed beside it, and of those only the ones
+    in ``allow`` when it is given (its operator's choice): a setup whose recipe names
+    another is refused. ``site`` is a real site's own ImageFolder (``fedkit.data.site``):
+    its client trains and evaluates on those images instead of a partition of the
+    recipe's data set. ``resident``: this host lives as long as the node it answers for,
+    so the run's setup stays here rather than in the node's state (see the module
+    docstring). A deployed host (one with a ``folder``) never builds the evaluator's
+    benchmark sets: it holds one client's data and nothing else."""
 
     def __init__(
         self,
         folder: Path | None = None,
-        trusted: tuple[str, ...] | None = None,
+        allow: frozenset[str] | None = None,
         site: Path | None = None,
         resident: bool = False,
     ) -> None:
-        self.folder, self.trusted, self.site = folder, trusted, site
+        self.folder, self.allow, self.site = folder, allow, site
         self.resident = resident
         self.runs: dict[str, dict[str, Any]] = {}
         self.nodes: dict[tuple[str, int], Node | None] = {}
@@ -271,13 +278,14 @@ class NodeHost:
         """A run's start: keep its setup in the node's state, forget an earlier run's
         memory, build the client; which client it is, and its sample count."""
         meta = get_meta(content)
-        for key in (KEPT, STAGED):
+        for key in (KEPT, STAGED, TEMPLATE):
             state.pop(key, None)
-        raw = content[SETUP]["bytes"]
-        held = {} if self.resident else {"bytes": raw}
-        state[SETUP] = ConfigRecord({**held, "meta": json.dumps(meta)})
+        layout = content[LAYOUT][TEMPLATE] if LAYOUT in content else "[]"
+        state[SETUP] = ConfigRecord({"meta": json.dumps(meta), "layout": layout})
+        if not self.resident and TEMPLATE in content:
+            state[TEMPLATE] = content[TEMPLATE]
         state[RUN] = ConfigRecord({"token": meta["token"]})
-        self.run(meta["token"], state, raw)
+        self.run(meta["token"], state, get_state(content, TEMPLATE))
         node = self.node(state, partition)
         if node is None:
             return message({"client": None})
@@ -312,38 +320,57 @@ class NodeHost:
                 )
         return self.nodes[token, partition]
 
-    def run(self, token: str, state: RecordDict, raw: bytes | None = None) -> dict[str, Any]:
-        """The run ``token`` names, built on first use from its setup (``raw``, else the
-        copy in the node's state)."""
+    def allowed(self, recipe: Recipe) -> None:
+        """Refuse a recipe that names a plugin this node does not run."""
+        installed = discover()
+        for spec in recipe.plugins:
+            if spec.name not in installed:
+                raise FedkitError(
+                    f"this node does not run plugin {spec.name!r}: it is not installed here "
+                    f"(installed: {', '.join(sorted(installed))})"
+                )
+            if self.allow is not None and spec.name not in self.allow:
+                raise FedkitError(
+                    f"this node does not run plugin {spec.name!r}: its operator allows only "
+                    f"{', '.join(sorted(self.allow))} (fedkit deploy node --allow)"
+                )
+
+    def run(
+        self, token: str, state: RecordDict, template: dict[str, Tensor] | None = None
+    ) -> dict[str, Any]:
+        """The run ``token`` names, built on first use from its setup (``template``, else
+        the copy in the node's state)."""
         if token in self.runs:
             return self.runs[token]
-        if raw is None and "bytes" not in state[SETUP]:
-            raise RuntimeError(
-                "this node's process no longer holds the run's setup; resume the run"
-                " (fedkit deploy run with the same --out) to set the node up again"
-            )
+        if template is None:
+            if TEMPLATE not in state:
+                raise RuntimeError(
+                    "this node's process no longer holds the run's setup; resume the run"
+                    " (fedkit deploy run with the same --out) to set the node up again"
+                )
+            template = state_of(state[TEMPLATE], str(state[SETUP]["layout"]))
 
         self.runs.clear()  # a node process serves one run at a time
         self.nodes.clear()
         meta = json.loads(state[SETUP]["meta"])
-        trusted = tuple(meta["trusted"]) if self.trusted is None else self.trusted
-        setup = restricted_loads(raw if raw is not None else state[SETUP]["bytes"], trusted)
-        setup.recipe = recipe = validate(meta["recipe"])
-        if setup.available is not None:  # the server's own plugins beside the installed ones
-            setup.available = {**discover(), **setup.available}
+        recipe = validate(meta["setup"]["recipe"])
+        self.allowed(recipe)
+        setup = rebuild(meta["setup"], recipe, meta["classes"], template, None)
         threads(client_threads_count(recipe))
         folder = self.folder if self.folder is not None else _path(meta.get("folder"))
         if self.site is not None:  # a site brings its own images: no shared data set
             found = {"setup": setup, "worker": Worker(setup), "folder": folder, "meta": meta}
             self.runs[token] = found
             return found
-        regs = registries(setup.available)
+        regs = registries()
         dataset = regs.datasets.get(recipe.data.dataset)
         partitioner = regs.partitioners.get(recipe.data.partition.name)
         data = build_federated_data(recipe.data, recipe.seed, dataset, partitioner)
         found: dict[str, Any] = {}
 
         def benchmark() -> Benchmark | None:
+            if self.folder is not None:
+                return None  # a deployed node holds its client's data alone
             if "value" not in found:
                 found["value"] = Evaluator(recipe, data).benchmark()
             return found["value"]

@@ -5,18 +5,17 @@ A job carries one array record per cluster state sent (``offer.<c>``) and one fo
 ``downlink`` tensors (``down``); a result carries its upload split by the ledger's
 categories (``up.model``, ``up.aux``, ``up.data``), so a Flower mod that acts on the model
 part (secure aggregation, differential privacy) finds it alone. A record holds one flat
-array per dtype, its layout (key, dtype, shape) beside it. The client's setup
-crosses once per node and run, as a pickle that only rebuilds classes of the packages
-the node trusts (``restricted_loads``); nothing else is pickled.
+array per dtype, its layout (key, dtype, shape) beside it. Nothing in a message is code:
+the client's setup crosses once per node and run as the recipe, key lists and the
+template's tensors (``fedkit.core.setup_data``), and a node rebuilds the model with the
+plugins installed on it. No message is unpickled, evaluated or names a module to import.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import io
 import json
 import math
-import pickle
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch import Tensor
 
 from fedkit.core.messages import ClientJob, ClientResult, EvalJob, EvalResult, PartialOffers
+from fedkit.core.setup_data import dtype_named
 
 META = "fedkit"
 """The name of the JSON record in every fedkit message."""
@@ -61,16 +61,21 @@ def get_state(content: RecordDict, name: str) -> dict[str, Tensor]:
     """What ``put_state`` put (empty when there is no such record)."""
     if name not in content:
         return {}
-    flat = content[name].to_torch_state_dict()
+    return state_of(content[name], content[LAYOUT][name])
+
+
+def state_of(record: ArrayRecord, layout: str) -> dict[str, Tensor]:
+    """The tensors an array record holds, as its ``layout`` (JSON) places them."""
+    flat = record.to_torch_state_dict()
     offsets = dict.fromkeys(flat, 0)
     state = {}
-    for key, dtype, shape in json.loads(content[LAYOUT][name]):
+    for key, dtype, shape in json.loads(layout):
         wire = "float32" if dtype == "bfloat16" else dtype
         size = math.prod(shape)
         start = offsets[wire]
         value = flat[wire][start : start + size].reshape(shape).clone()
         offsets[wire] = start + size
-        state[key] = value.to(getattr(torch, dtype)) if dtype != wire else value
+        state[key] = value.to(dtype_named(dtype)) if dtype != wire else value
     return state
 
 
@@ -227,36 +232,3 @@ def categories(model_keys: frozenset[str], auxiliary: tuple[str, ...]) -> Callab
         return "data"
 
     return category
-
-
-TRUSTED = ("torch", "timm", "fedkit", "fedkit_plugins", "collections", "builtins", "copyreg")
-"""Packages whose classes a node rebuilds from a setup (plus the recipe's plugin modules)."""
-
-SAFE_BUILTINS = frozenset(
-    {"set", "frozenset", "dict", "list", "tuple", "slice", "complex", "bytearray", "getattr"}
-)
-
-
-class RestrictedUnpickler(pickle.Unpickler):
-    """Rebuilds only classes and functions of trusted packages: a server cannot make a
-    node run arbitrary code through the setup it sends."""
-
-    def __init__(self, file: Any, trusted: tuple[str, ...]) -> None:
-        super().__init__(file)
-        self.trusted = trusted
-
-    def find_class(self, module: str, name: str) -> Any:
-        root = module.split(".")[0]
-        if root == "builtins" and name not in SAFE_BUILTINS:
-            raise pickle.UnpicklingError(f"the setup asks for builtins.{name}, refused")
-        if root not in self.trusted:
-            raise pickle.UnpicklingError(
-                f"the setup asks for {module}.{name}, outside the packages this node trusts "
-                f"({', '.join(self.trusted)})"
-            )
-        return super().find_class(module, name)
-
-
-def restricted_loads(raw: bytes, extra: tuple[str, ...] = ()) -> Any:
-    """Unpickle a setup, rebuilding classes of ``TRUSTED`` packages and ``extra`` only."""
-    return RestrictedUnpickler(io.BytesIO(raw), TRUSTED + tuple(extra)).load()

@@ -7,8 +7,8 @@ another process (a fresh one per message by default, or one the operator runs ne
 with ``--isolation process``), which pulls the message and the node's ``Context`` over
 the SuperNode's local API and pushes the reply and the context back; the SuperNode then
 sends the reply on. ``serve`` here does the SuperNode's part itself, over Flower's own
-Fleet API client (``flwr.supernode.fleet_http_connection``, the same TLS and node
-authentication): it pulls a message, answers it with a ``NodeHost``
+Fleet API client (the same TLS and node authentication; ``fedkit.flower.internals`` holds
+every use of Flower beyond its public API): it pulls a message, answers it with a ``NodeHost``
 (``fedkit.flower.node``) and pushes the reply. The node's ``Context.state`` stays in this
 process, one per run series, as Flower's SuperNode keeps it in its own memory.
 
@@ -29,23 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Message, RecordDict
-from flwr.app.error import Error
-from flwr.common.constant import ErrorCode
-from flwr.supercore.inflatable.inflatable_object import (
-    get_all_nested_objects,
-    get_object_tree,
-    no_object_id_recompute,
-)
-from flwr.supercore.inflatable.inflatable_utils import (
-    pull_and_inflate_object_from_tree,
-    push_objects,
-)
-from flwr.supercore.run import RunNotRunningException
-from flwr.supernode.fleet_http_connection import http_request_response
 
+from fedkit.errors import FedkitError
+from fedkit.flower import internals
+from fedkit.flower.internals import RunNotRunning, pull, push, quick_pulls
 from fedkit.flower.node import NodeHost
-from fedkit.flower.tuning import quick_pulls
-from fedkit.plugin.registry import discover
 
 TIMING = bool(os.environ.get("FEDKIT_NODE_TIMING"))
 """Print how long each message's pull, answer and push took (``FEDKIT_NODE_TIMING=1``)."""
@@ -56,12 +44,6 @@ soon); the wait doubles while the node stays idle, up to ``serve``'s ``poll``, s
 nodes on one machine do not spend its cores asking. Flower's SuperNode waits 3 s."""
 
 
-def installed_modules() -> tuple[str, ...]:
-    """The top-level modules of the plugins installed here: what a setup may rebuild."""
-
-    return tuple(sorted({ep.value.split(":")[0].split(".")[0] for ep in discover().values()}))
-
-
 def serve(
     superlink: str,
     partition: int,
@@ -70,6 +52,7 @@ def serve(
     certificates: bytes | None = None,
     keys: tuple[Any, Any] | None = None,
     site: Path | None = None,
+    allow: frozenset[str] | None = None,
     poll: float = 0.2,
     stop: Callable[[], bool] = lambda: False,
     connected: Callable[[int], None] = lambda node_id: None,
@@ -78,11 +61,12 @@ def serve(
     process ends). ``superlink`` is its Fleet API (host:port); ``certificates`` the CA
     that verifies it (``None``: no TLS); ``keys`` the node's key pair when the SuperLink
     authenticates nodes; ``partition`` the client this node holds; ``site`` a real site's
-    own ImageFolder (``fedkit.data.site``); ``connected`` is told the node's Flower id."""
+    own ImageFolder (``fedkit.data.site``); ``allow`` the plugins this node runs (``None``:
+    every one installed here); ``connected`` is told the node's Flower id."""
 
     quick_pulls()
-    host = NodeHost(folder / "memories", installed_modules(), site, resident=True)
-    with http_request_response(superlink, certificates is None, certificates, keys) as conn:
+    host = NodeHost(folder / "memories", allow, site, resident=True)
+    with internals.connect(superlink, certificates is None, certificates, keys) as conn:
         node_id, receive, send, get_run, _fab, pull_object, push_object, confirm = conn
         connected(node_id)
         series: dict[int, str] = {}
@@ -107,7 +91,7 @@ def serve(
                 reply = answer(host, message, state, partition)
                 handled = time.perf_counter()
                 push(reply, handled - pulled, send, partial(push_object, run_id))
-            except RunNotRunningException:
+            except RunNotRunning:
                 continue  # the run ended (or was stopped) while this message was under way
             if TIMING:
                 print(
@@ -116,15 +100,6 @@ def serve(
                     f"push {time.perf_counter() - handled:.3f} state {state_bytes(state)} B",
                     flush=True,
                 )
-
-
-def pull(tree: Any, pull_object: Callable, confirm: Callable) -> Message:
-    """The message whose object tree the SuperLink handed out, its objects pulled and
-    their receipt confirmed."""
-
-    message = pull_and_inflate_object_from_tree(tree, pull_object, confirm, return_type=Message)
-    message.metadata.__dict__["_message_id"] = tree.object_id  # not part of its own objects
-    return message
 
 
 def answer(host: NodeHost, message: Message, state: RecordDict, partition: int) -> Message:
@@ -136,25 +111,18 @@ def answer(host: NodeHost, message: Message, state: RecordDict, partition: int) 
         return Message(content, reply_to=message)
     except Exception as exc:  # noqa: BLE001 - the server sees it as the client's failure
         reason = f"{type(exc).__name__}: {exc}"
-        print(reason + "\n" + traceback.format_exc(limit=6), flush=True)
-        error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason)
-        return Message(error, reply_to=message)
-
-
-def push(reply: Message, seconds: float, send: Callable, push_object: Callable) -> None:
-    """Send ``reply`` to the SuperLink: its shell and object tree, then each object the
-    SuperLink does not already hold."""
-
-    reply.metadata.__dict__["_message_id"] = reply.object_id
-    with no_object_id_recompute():
-        wanted, session = send(reply, get_object_tree(reply), seconds)
-        objects = get_all_nested_objects(reply)
-        push_objects(objects, partial(push_object, session), object_ids_to_push=wanted)
+        refused = isinstance(exc, FedkitError)  # a refusal or bad input: its line says it all
+        print(reason if refused else reason + "\n" + traceback.format_exc(limit=6), flush=True)
+        return internals.error_reply(message, reason)
 
 
 def state_bytes(state: Any) -> int:
-    """The bytes a node's ``Context.state`` holds in its config records' byte values."""
-    return sum(
+    """The bytes a node's ``Context.state`` holds: its arrays and its config records' byte
+    values (what crosses with the state when Flower moves it)."""
+    arrays = sum(
+        len(array.data) for record in state.array_records.values() for array in record.values()
+    )
+    return arrays + sum(
         len(value)
         for record in state.config_records.values()
         for value in record.values()

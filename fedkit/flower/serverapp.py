@@ -2,28 +2,31 @@
 
 It runs fedkit's server side (engine, server hooks, ledger, checkpoints) in the process
 Flower's SuperLink starts for a run, with the ``flower`` executor talking to the
-deployment's nodes through the run's grid. The run config names the recipe (a path, a
-shipped name, or YAML text), the run directory, and ``--set`` overrides; an ``out``
-that already holds a checkpoint is resumed (the nodes adopt their own files).
+deployment's nodes through the run's grid. The run config carries the recipe (its YAML
+text, or a shipped recipe's name), the run directory (a name under the operator's
+``FEDKIT_SERVER_ROOT``) and ``--set`` overrides; ``fedkit.flower.server_root`` checks
+them, and a refusal is one line in the run's log naming the key. An ``out`` that already
+holds a checkpoint is resumed (the nodes adopt their own files). The ServerApp works in
+the run directory, so a relative path a plugin writes (a TensorBoard logdir) lands there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedkit.config.schema import load_recipe
-from fedkit.config.shipped import resolve
 from fedkit.core import runs
+from fedkit.errors import FedkitError
 from fedkit.flower.flower_executor import use_link
-from fedkit.flower.tuning import quick_pulls
-from fedkit.rundir import checkpoint
-from fedkit.rundir.logs import RECIPE
+from fedkit.flower.internals import quick_pulls
+from fedkit.flower.server_root import submission
 
 app = ServerApp()
 quick_pulls()
@@ -52,24 +55,35 @@ class DeploymentLink:
     def close(self) -> None: ...
 
 
+@contextlib.contextmanager
+def working_in(folder: Path) -> Iterator[None]:
+    """Work in ``folder`` (created), then back where the process was."""
+    folder.mkdir(parents=True, exist_ok=True)
+    before = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-
-    config: dict[str, Any] = dict(context.run_config)
-    out = Path(str(config["out"])).expanduser().resolve()
-    overrides = [s.strip() for s in str(config.get("set", "")).split(";") if s.strip()]
-    resuming = checkpoint.latest_round(out) is not None
-    if resuming:
-        nodes = load_recipe(out / RECIPE).data.num_clients
-    else:
-        source = str(config["recipe"])
-        path = Path(source) if Path(source).is_file() else resolve(source)
-        recipe = load_recipe(path, [*overrides, "engine.executor=flower"])
-        nodes = recipe.data.num_clients
-    use_link(DeploymentLink(grid, nodes))
+    """Run (or resume) the submitted recipe inside the operator's folder."""
     try:
-        run, done = runs.resume(out, overrides) if resuming else (runs.start(recipe, out), 0)
-        summary = runs.execute(run, out, done)
+        sent = submission(dict(context.run_config))
+    except FedkitError as error:
+        print(f"fedkit: refused the run: {error}", flush=True)  # the run's log (flwr log)
+        raise
+    out = sent.out
+    use_link(DeploymentLink(grid, sent.clients))
+    try:
+        with working_in(out):
+            if sent.recipe is None:
+                run, done = runs.resume(out, sent.overrides)
+            else:
+                run, done = runs.start(sent.recipe, out), 0
+            summary = runs.execute(run, out, done)
     except Exception:
         traceback.print_exc()  # into the run's log stream (flwr run --stream, flwr log)
         raise

@@ -6,7 +6,9 @@ ServerApp whose only job is to hand its ``Grid`` to the ``flower`` executor and 
 until it is closed: fedkit's own engine stays in charge of the rounds. A link serves one
 run after another (each run sets its nodes up anew), so tests start Flower once.
 Flower runs the ClientApps on Ray actors (``engine.workers`` of them, ``engine.num_cpus``
-each, torch at that many threads) and keeps each node's ``Context.state`` between
+each, torch at that many threads), on a Ray instance of the run's own unless
+``engine.address`` names a cluster to join (``fedkit.core.ray_executor.init_options``:
+Flower's backend gets the same ``init_args``), and keeps each node's ``Context.state`` between
 messages, which is where the client's memory lives (``fedkit.flower.node``).
 """
 
@@ -25,6 +27,7 @@ from flwr.simulation import run_simulation
 
 from fedkit.config.schema import EngineConfig
 from fedkit.core import ray_reaper
+from fedkit.core.ray_executor import init_options
 from fedkit.errors import FedkitError
 from fedkit.flower.clientapp import make_app
 
@@ -52,14 +55,14 @@ class SimulationLink:
             handed.put(grid)
             self.done.wait()
 
-        init: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-        init["num_cpus"] = max(1, int(round(workers * engine.num_cpus)))
+        init = {**init_options(engine, workers), "log_to_driver": False}
         resources = {"num_cpus": engine.num_cpus, "num_gpus": engine.num_gpus}
         config = {"client_resources": resources, "init_args": init}
 
         self.reaper = None
         if not ray.is_initialized():  # here, in the calling thread, and quietly
-            self.reaper = ray_reaper.watch()
+            if engine.address is None:  # a Ray of our own: its processes end with us
+                self.reaper = ray_reaper.watch()
             ray.init(**init, logging_level=logging.ERROR)
 
         def simulate() -> None:
