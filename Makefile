@@ -14,6 +14,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip uninstall -q -y fedkit 2>/dev/null || true  # the name before fedkit-fl
 	$(BIN)/python -m pip install -q --no-compile -e '.[dev]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
 	$(BIN)/python -m compileall -qq -j 0 -x "/tests?/" "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" fedkit plugins || true
 	touch $(STAMP)

@@ -266,7 +266,7 @@ def versions() -> dict[str, str]:
     """Versions of what was measured."""
     from importlib.metadata import version
 
-    found = {name: version(name) for name in ("fedkit", "flwr", "ray", "torch", "timm")}
+    found = {name: version(name) for name in ("fedkit-fl", "flwr", "ray", "torch", "timm")}
     return {**found, "python": platform.python_version()}
 
 

@@ -1,7 +1,9 @@
 """fedkit's data sets: scikit-learn's bundled digits (embedded, no download),
 torchvision's CIFAR-10/100, STL-10, MNIST, EMNIST (balanced), Fashion-MNIST and SVHN from
 a local ``data.root`` (fetched there with ``data.download: true``), and any ImageFolder
-directory. Registered the way an outside package registers its own."""
+directory. Registered the way an outside package registers its own. Only the ImageFolder
+loader reads chosen files alone (``labels`` and ``subset``); the array sets come in one
+file per split, so one client's data is sliced from the whole split right after loading."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from collections.abc import Callable
 
 from fedkit import hookimpl
 from fedkit.data.datasets import (
+    imagefolder_labels,
+    imagefolder_subset,
     load_cifar,
     load_digits,
     load_imagefolder,
@@ -33,4 +37,10 @@ def register_datasets(register: Callable[..., None]) -> None:
     for name in ("mnist", "emnist", "fashion_mnist"):
         register(name, load_mnist_like, download=True)
     register("svhn", load_svhn, download=True)
-    register("imagefolder", load_imagefolder, root_hint=FOLDER_HINT)
+    register(
+        "imagefolder",
+        load_imagefolder,
+        root_hint=FOLDER_HINT,
+        labels=imagefolder_labels,
+        subset=imagefolder_subset,
+    )

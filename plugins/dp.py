@@ -14,7 +14,7 @@ noise multiplier σ; ``dp_epsilon`` (at ``delta``) is written to every round's m
 The accountant assumes Poisson sampling; fedkit samples a fixed number of clients per
 round, the usual approximation. Uploads of non-model keys (features, control variates)
 are refused: DP bounds model updates only. Needs the ``dp`` extra (``pip install
-fedkit[dp]``).
+fedkit-fl[dp]``).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class DP:
             import opacus  # noqa: F401
         except ImportError:
             raise RecipeError(
-                "plugins", "the dp extra installed (pip install 'fedkit[dp]')", "dp"
+                "plugins", "the dp extra installed (pip install 'fedkit-fl[dp]')", "dp"
             ) from None
 
     @hookimpl

@@ -52,7 +52,7 @@ class MLflow:
             import mlflow  # noqa: F401
         except ImportError:
             raise RecipeError(
-                "plugins", "the mlflow extra installed (pip install 'fedkit[mlflow]')"
+                "plugins", "the mlflow extra installed (pip install 'fedkit-fl[mlflow]')"
             ) from None
 
     def _run_id(self, server: Server) -> str:

@@ -45,7 +45,7 @@ class TensorBoard:
             import tensorboard  # noqa: F401
         except ImportError:
             raise RecipeError(
-                "plugins", "the tensorboard extra installed (pip install 'fedkit[tensorboard]')"
+                "plugins", "the tensorboard extra installed (pip install 'fedkit-fl[tensorboard]')"
             ) from None
 
     @hookimpl

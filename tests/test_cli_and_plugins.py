@@ -41,7 +41,7 @@ def test_plugins_lists_fedavg_with_package_and_hooks(monkeypatch):
     ]
     line = next(ln for ln in result.output.splitlines() if "fedavg" in ln)
     name, package, server, client, *_ = cells(line)
-    assert name == "fedavg" and package == f"fedkit {fedkit.__version__}"
+    assert name == "fedavg" and package == f"fedkit-fl {fedkit.__version__}"
     assert server == "init_models" and client == "local_objective"
 
 

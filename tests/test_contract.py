@@ -274,6 +274,8 @@ def test_a_bad_sample_is_a_clear_error():
 class Extras:
     """Uploads an auxiliary and a data-derived tensor and logs a value per client."""
 
+    uploads_data_derived = True  # the server refuses an undeclared data-derived key
+
     @hookimpl
     def auxiliary_keys(self, server):
         return ["extra.aux*"]

@@ -30,7 +30,7 @@ from fedkit.core import runs
 from fedkit.rundir import checkpoint, logs
 
 pytest.importorskip(
-    "flwr", reason="the flower extra is not installed (pip install 'fedkit[flower]')"
+    "flwr", reason="the flower extra is not installed (pip install 'fedkit-fl[flower]')"
 )
 
 from fedkit.flower.node_keys import make_key_pair  # noqa: E402
@@ -133,6 +133,33 @@ def certificates(folder: Path) -> dict[str, Path]:
     return paths
 
 
+READS = """
+import os
+import sys
+
+_root, _log = os.environ.get("FEDKIT_TEST_READ_ROOT"), os.environ.get("FEDKIT_TEST_READS")
+
+
+def _record(event, args):
+    if event == "open" and _root and _log and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.fsdecode(args[0])
+        if path.startswith(_root) and ("/images/" in path or "/site/" in path):
+            with open(_log, "a") as handle:
+                handle.write(path + "\\n")
+
+
+sys.addaudithook(_record)
+"""
+"""A node process's ``sitecustomize``: every data file it opens, one line each."""
+
+
+def reads(tmp_path: Path, node: int) -> set[str]:
+    """The data files node ``node`` opened (under images/ or site/), relative to tmp_path."""
+    log = tmp_path / f"reads{node}.txt"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return {str(Path(line).relative_to(tmp_path)) for line in lines}
+
+
 @pytest.fixture
 def federation(tmp_path):
     """A SuperLink that admits only registered nodes (TLS and node authentication), three
@@ -141,6 +168,8 @@ def federation(tmp_path):
     port = free_port()
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr"), "FLWR_TELEMETRY_ENABLED": "0"}
     env["FEDKIT_FLOWER_AUDIT"] = str(tmp_path / "audit.jsonl")
+    env["FEDKIT_SERVER_ROOT"] = str(tmp_path / "server")  # where the ServerApp writes runs
+    (tmp_path / "server").mkdir()
     env["OMP_NUM_THREADS"] = "1"
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # the SuperLink starts Flower commands
     tls = certificates(tmp_path / "tls")
@@ -172,14 +201,27 @@ def federation(tmp_path):
     done = subprocess.run(admit, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.count("registered successfully") == 4
+    images = tmp_path / "images"  # the federation's data set, each node reading its part
+    write_images(images / "train", {"3": 50, "7": 40, "9": 30})
+    write_images(images / "test", {"3": 12, "7": 12, "9": 12}, seed=2)
+    audit = tmp_path / "audit-hook"
+    audit.mkdir()
+    (audit / "sitecustomize.py").write_text(READS)
     for k in range(5):  # the fourth is a real site with its own images (--data)
+        reads = {"FEDKIT_TEST_READS": str(tmp_path / f"reads{k}.txt")}
+        node_env = {
+            **env,
+            "PYTHONPATH": str(audit),
+            "FEDKIT_TEST_READ_ROOT": str(tmp_path),
+            **reads,
+        }
         node = [
             str(BIN / "fedkit"), "deploy", "node", "--superlink", f"127.0.0.1:{port}",
             "--partition", str(k % 4), "--dir", str(tmp_path / f"node{k}"),
             "--root-certificates", str(tls["ca"]), "--auth-key", str(keys[k]),
             *(["--data", str(site)] if k == 3 else []),
         ]  # fmt: skip
-        procs.append(start(node, tmp_path / f"node{k}.log", env))
+        procs.append(start(node, tmp_path / f"node{k}.log", node_env))
     try:
         yield port, env, procs[-1]  # the fifth node's key was never registered
     finally:
@@ -194,19 +236,35 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     federation, tmp_path
 ):
     port, env, intruder = federation
-    raw = tiny_recipe(federation={"rounds": 2, "clients_per_round": 3}, plugins=["fedavg", "fedbn"])
+    raw = tiny_recipe(
+        federation={"rounds": 2, "clients_per_round": 3},
+        plugins=["fedavg", "fedbn"],
+        data={"dataset": "imagefolder", "root": str(tmp_path / "images")},
+    )
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))
-    out = tmp_path / "deployed"
+    out = tmp_path / "server" / "deployed"  # the run directory, under FEDKIT_SERVER_ROOT
     command = [
         str(BIN / "fedkit"), "deploy", "run", str(path), "--superlink", f"127.0.0.1:{port}",
-        "--out", str(out), "--root-certificates", str(tmp_path / "tls" / "ca.crt"),
+        "--out", "deployed", "--root-certificates", str(tmp_path / "tls" / "ca.crt"),
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     seq = tmp_path / "sequential"
     run = runs.start(validate(raw), seq)
     private = run.server.private
+
+    # each node opened its own client's images and nothing else of the data set
+    opened = {k: reads(tmp_path, k) for k in range(5)}
+    trained = {k: {p for p in opened[k] if p.startswith("images/train/")} for k in range(3)}
+    for k in range(3):
+        client = run.data.client(k)
+        train = {p for p in opened[k] if p.startswith("images/train/")}
+        test = {p for p in opened[k] if p.startswith("images/test/")}
+        assert opened[k] == train | test, k
+        assert (len(train), len(test)) == (len(client.train), len(client.test)), k
+        assert all(not trained[k] & trained[j] for j in range(3) if j != k)  # (tests may share)
+    assert opened[3] == set() and opened[4] == set()  # the site and the refused node
     runs.execute(run, seq)
     assert logs.read_metrics(out) == logs.read_metrics(seq)
     assert logs.read_ledger(out) == logs.read_ledger(seq)
@@ -238,10 +296,10 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     assert logs.read_ledger(out) == logs.read_ledger(seq3)
 
     # a fourth client, on the site's own ten train and four test images
-    site_out = tmp_path / "site-run"
+    site_out = tmp_path / "server" / "site-run"
     four = [
         str(BIN / "fedkit"), "deploy", "run", str(path), "--superlink", f"127.0.0.1:{port}",
-        "--out", str(site_out), "--root-certificates", str(tmp_path / "tls" / "ca.crt"),
+        "--out", "site-run", "--root-certificates", str(tmp_path / "tls" / "ca.crt"),
         "--set", "federation.rounds=1",
         "--set", "data.num_clients=4", "--set", "federation.clients_per_round=4",
     ]  # fmt: skip

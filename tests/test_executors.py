@@ -12,7 +12,7 @@ from fedkit.config.schema import validate
 from fedkit.core.engine import prepare, run_round
 
 ray = pytest.importorskip(
-    "ray", reason="the ray extra is not installed (pip install 'fedkit[ray]')"
+    "ray", reason="the ray extra is not installed (pip install 'fedkit-fl[ray]')"
 )
 
 

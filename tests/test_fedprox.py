@@ -14,6 +14,7 @@ from torch import nn
 
 from fedkit.config.schema import validate
 from fedkit.core.engine import run_round
+from fedkit.core.ledger import TENSOR_FIELDS
 from fedkit.plugin.context import ClientContext, ModelKeys
 from fedkit_plugins.fedprox import FedProx
 
@@ -52,10 +53,11 @@ def test_mu_zero_equals_fedavg_bitwise_and_mu_positive_differs():
     plain, pool = rows_and_pool(base)
     zero, pool0 = rows_and_pool({**base, "plugins": ["fedavg", {"fedprox": {"mu": 0.0}}]})
     some, pool1 = rows_and_pool({**base, "plugins": ["fedavg", {"fedprox": {"mu": 1.0}}]})
-    for a, b in zip(plain, zero, strict=True):
-        assert {k: b[k] for k in a if k != "per_client"} == {
-            k: v for k, v in a.items() if k != "per_client"
+    for a, b in zip(plain, zero, strict=True):  # loss_prox is reported (and booked) besides
+        assert {k: b[k] for k in a if k not in ("per_client", "bytes")} == {
+            k: v for k, v in a.items() if k not in ("per_client", "bytes")
         }
+        assert all(a["bytes"][k] == b["bytes"][k] for k in TENSOR_FIELDS)
         assert b["train_loss_prox"] == 0.0
     assert all(torch.equal(pool[k], pool0[k]) for k in pool)
     assert some[-1]["train_loss_prox"] > 0

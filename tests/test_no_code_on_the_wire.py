@@ -35,6 +35,7 @@ MESSAGE_PATH = [
     "fedkit/flower/runner.py",
     "fedkit/flower/clientapp.py",
     "fedkit/flower/serverapp.py",
+    "fedkit/flower/server_root.py",
     "fedkit/flower/flower_executor.py",
     "fedkit/core/setup_data.py",
     "fedkit/core/messages.py",
@@ -282,3 +283,25 @@ def test_deploy_node_refuses_an_allow_list_of_unknown_plugins(tmp_path):
     assert result.exit_code == 2
     assert "--allow" in result.output and "nosuchplugin" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_reply_naming_another_client_or_malformed_is_refused_not_fatal(run):
+    """A node's reply is checked before it is read as a result: one that names another
+    client, asks for a cluster outside the pool, or is not a reply fedkit writes is
+    refused (the client's failure), never an exception that ends the run."""
+    from fedkit.core.messages import ClientResult
+    from fedkit.flower.flower_executor import MalformedReply, read_reply
+    from fedkit.flower.records import message, result_content
+
+    upload = {k: v.clone() for k, v in run.server.pool[0].items()}
+    good = ClientResult(3, 0, 10.0, upload, [0], {"loss": 0.5})
+    content = result_content(good, lambda key: "model")
+    result, need = read_reply(content, result_of, 3, 1)
+    assert result.client == 3 and need is None and set(result.upload) == set(upload)
+    with pytest.raises(MalformedReply, match="names client 3"):
+        read_reply(content, result_of, 4, 1)
+    asking = result_content(ClientResult.failed(3, "", ""), lambda key: "model", need=7)
+    with pytest.raises(MalformedReply, match="cluster 7"):
+        read_reply(asking, result_of, 3, 2)
+    with pytest.raises(MalformedReply, match="malformed"):
+        read_reply(message({"client": 3}), result_of, 3, 1)

@@ -1,40 +1,137 @@
-"""An installed wheel (not an editable checkout) ships every recipe: `fedkit recipes` and
-`fedkit validate quickstart` work from it in a fresh virtual environment.
+"""Packaging: what a wheel ships and the name it ships under.
 
-The fresh environment has no pip and no fedkit; the wheel is unpacked into its
-site-packages (that is what installing a pure-Python wheel does), and a ``.pth`` line
-lends it this environment's site-packages for torch and the other dependencies, so the
-test takes seconds, not a download."""
+- Every folder of Python code under ``fedkit/``, ``plugins/`` and ``recipes/`` is a package
+  that ``pyproject.toml`` lists (setuptools cannot discover ``plugins/`` as
+  ``fedkit_plugins``), and the built wheel holds every module and every recipe.
+- The wheel, installed in a fresh virtual environment outside the checkout, runs a Flower
+  round and ``fedkit deploy --help`` with the checkout not importable. The environment
+  borrows the dependencies (torch, Ray, Flower...) from this one through a folder of links
+  that leaves out this environment's own fedkit, so the test takes seconds, not a download.
+- The distribution is ``fedkit-fl``: ``fedkit`` on the package index is another project's,
+  so no doc, error message, generated Flower app or plugin template names it as something
+  to install or depend on.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import sysconfig
 import zipfile
+from importlib.metadata import distribution
 from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from fedkit.cli.app import app
+from fedkit.plugin.entrypoints import DISTRIBUTION
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
 ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
+BUILT_IN = sorted(PYPROJECT["project"]["entry-points"]["fedkit"])
 
 
-def test_the_wheel_ships_every_recipe_and_works_installed(tmp_path):
-    dist = tmp_path / "dist"
-    subprocess.run(
+def source_files(folder: Path) -> list[Path]:
+    """The files a package folder ships: its modules and, for recipes, the YAML files."""
+    return [
+        p
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts
+    ]
+
+
+def packages_on_disk() -> set[str]:
+    """Every folder holding Python code, named as it is imported (``plugins`` →
+    ``fedkit_plugins``)."""
+    found = set()
+    for package, folder in SETUPTOOLS["package-dir"].items():
+        for path in source_files(ROOT / folder):
+            if path.suffix == ".py":
+                relative = path.parent.relative_to(ROOT / folder).parts
+                found.add(".".join((package, *relative)))
+    return found
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    listed = set(SETUPTOOLS["packages"])
+    on_disk = packages_on_disk()
+    assert "fedkit.flower" in on_disk
+    assert on_disk - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+    assert listed - on_disk == set(), "these listed packages have no folder"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built without network from a copy of the checkout (the build leaves
+    ``build/`` and an ``.egg-info`` beside the sources, so not in the checkout itself)."""
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    skip = shutil.ignore_patterns("__pycache__")
+    for folder in SETUPTOOLS["package-dir"].values():
+        shutil.copytree(ROOT / folder, source / folder, ignore=skip)
+    dist = tmp_path_factory.mktemp("dist")
+    built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["-w", str(dist), str(ROOT)],
-        check=True,
+        + ["--no-index", "-w", str(dist), str(source)],
         capture_output=True,
+        text=True,
     )
-    (wheel,) = dist.glob("fedkit-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    recipes = {p.name for p in (ROOT / "recipes").glob("*.yaml")}
-    assert recipes and recipes <= {Path(n).name for n in names if n.startswith("fedkit_recipes/")}
-    assert any(n.endswith("entry_points.txt") for n in names)
+    assert built.returncode == 0, built.stderr
+    (found,) = dist.glob("*.whl")
+    return found
 
+
+def test_the_wheel_holds_every_module_and_recipe_under_its_name(wheel):
+    assert wheel.name.startswith(DISTRIBUTION.replace("-", "_") + "-")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        "/".join((package.replace(".", "/"), *path.relative_to(ROOT / folder).parts))
+        for package, folder in SETUPTOOLS["package-dir"].items()
+        for path in source_files(ROOT / folder)
+    }
+    assert {"fedkit/flower/runner.py", "fedkit_recipes/quickstart.yaml"} <= expected
+    assert sorted(expected - names) == []
+    (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    assert f"\nName: {DISTRIBUTION}\n" in zipfile.ZipFile(wheel).read(metadata).decode()
+
+
+def lend_dependencies(venv_site: Path, lent: Path) -> None:
+    """Make this environment's installed packages importable in the fresh one, except
+    this environment's fedkit (its dist-info, the editable finder and ``.pth``), whose
+    metadata and import hook would otherwise leak in beside the wheel's."""
+    here = Path(sysconfig.get_paths()["purelib"])
+    lent.mkdir()
+    own = re.compile(r"(fedkit.*\.(dist|egg)-info|__editable__.*|.*fedkit.*\.pth|__pycache__)$")
+    for entry in here.iterdir():
+        if not own.match(entry.name):
+            (lent / entry.name).symlink_to(entry)
+    (venv_site / "zz_lent.pth").write_text(f"{lent}\n")
+
+
+def test_the_wheel_installed_in_a_fresh_venv_runs_flower_and_deploy(wheel, tmp_path):
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
+        + ["--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+    )
+    assert installed.returncode == 0, installed.stderr
     site = Path(
         subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -43,30 +140,130 @@ def test_the_wheel_ships_every_recipe_and_works_installed(tmp_path):
             text=True,
         ).stdout.strip()
     )
-    zipfile.ZipFile(wheel).extractall(site)
-    (site / "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FEDKIT_RECIPES")}
+    lend_dependencies(site, tmp_path / "lent")
+    work = tmp_path / "work"  # outside the checkout: nothing of it on sys.path
+    work.mkdir()
+    keep = ("PATH", "HOME", "TMPDIR", "LANG", "FEDKIT_CACHE_DIR")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    env |= {"OMP_NUM_THREADS": "1", "FEDKIT_REPORT": "0", "COLUMNS": "200"}
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
 
-    def fedkit(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(python), "-m", "fedkit", *args],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env={**env, "COLUMNS": "200"},
-        )
+    def call(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, capture_output=True, text=True, cwd=work, env=env)
 
-    where = subprocess.run(
-        [str(python), "-c", "import fedkit, fedkit_recipes; print(fedkit.__file__)"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
+    probe = call(
+        str(python),
+        "-c",
+        "import json, fedkit, fedkit_plugins, fedkit_recipes\n"
+        "from importlib.metadata import distributions, entry_points, version\n"
+        "plugins = [d for d in distributions() if d.entry_points.select(group='fedkit')]\n"
+        "print(json.dumps({'fedkit': fedkit.__file__, 'plugins': fedkit_plugins.__file__,"
+        f" 'recipes': fedkit_recipes.__file__, 'version': version({DISTRIBUTION!r}),"
+        " 'entry_points': sorted(ep.name for ep in entry_points(group='fedkit')),"
+        " 'registered_by': [str(d.locate_file('')) for d in plugins]}))",
     )
-    assert where.stdout.startswith(str(site)), where.stdout + where.stderr
-    listed = fedkit("recipes")
+    assert probe.returncode == 0, probe.stderr
+    where = json.loads(probe.stdout)
+    for key in ("fedkit", "plugins", "recipes"):
+        assert where[key].startswith(str(site)), where
+    assert where["entry_points"] == BUILT_IN
+    assert where["registered_by"] == [str(site)]  # no metadata leaks in from this venv
+    assert where["version"] == PYPROJECT["project"]["version"]
+
+    fedkit = str(venv / "bin" / "fedkit")
+    assert (venv / "bin" / "fedkit").is_file()
+    listed = call(fedkit, "recipes")  # the recipes ship as package data
     assert listed.returncode == 0, listed.stderr
-    assert all(name[: -len(".yaml")] in listed.stdout for name in recipes)
-    checked = fedkit("validate", "quickstart")
-    assert checked.returncode == 0, checked.stderr
-    assert "ok" in checked.stdout and str(site) in checked.stdout
+    shipped = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+    assert [name for name in shipped if name not in listed.stdout] == []
+    helped = call(fedkit, "deploy", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert all(command in helped.stdout for command in ("node", "app", "run"))
+    out = tmp_path / "run"
+    ran = call(
+        fedkit, "run", "quickstart", "--set", "federation.rounds=1", "--executor", "flower",
+        "--out", str(out), "-q", "--no-report",
+        # a smaller round (the quickstart's defaults take 2-3 times as long under load)
+        "--set", "federation.local_epochs=1", "--set", "data.max_train=300",
+        "--set", "federation.clients_per_round=4",
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr[-4000:]
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["round"] for row in rows] == [1]
+
+
+def test_the_built_in_plugins_are_registered_once_by_this_distribution():
+    points = distribution(DISTRIBUTION).entry_points
+    assert sorted(ep.name for ep in points if ep.group == "fedkit") == BUILT_IN
+    assert PYPROJECT["project"]["name"] == DISTRIBUTION == "fedkit-fl"
+
+
+FORBIDDEN = {
+    "a requirement on `fedkit[extra]`": re.compile(r"(?<![\w.-])fedkit\[[a-z]"),
+    "`pip install fedkit`": re.compile(r"pip install\s+(-\S+\s+)*['\"]?fedkit(?![\w-])"),
+    "a versioned requirement on `fedkit`": re.compile(r"['\"]fedkit\s*(>=|==|~=|<|>|!=)"),
+    "a metadata lookup of `fedkit`": re.compile(
+        r"\b(version|distribution|metadata|requires|files)\(\s*['\"]fedkit['\"]\s*\)"
+    ),
+}
+
+
+def named_files() -> list[Path]:
+    """Everything that tells someone what to install or depend on."""
+    patterns = ["README.md", "Makefile", "pyproject.toml", "mkdocs.yml", ".ci/*"]
+    patterns += ["docs/**/*.md", "fedkit/**/*.py", "plugins/**/*.py", "recipes/*.yaml"]
+    patterns += ["benchmarks/*.py", "benchmarks/*.md", "tests/*.py"]
+    files = {p for pattern in patterns for p in ROOT.glob(pattern) if p.is_file()}
+    return sorted(files - {Path(__file__).resolve()})
+
+
+def test_nothing_tells_anyone_to_install_the_name_fedkit():
+    found = [
+        f"{path.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}: {what}"
+        for path in named_files()
+        for text in [path.read_text(errors="replace")]
+        for what, pattern in FORBIDDEN.items()
+        for m in pattern.finditer(text)
+    ]
+    assert found == []
+    assert len(named_files()) > 50  # the globs found the tree
+
+
+def test_every_install_line_in_the_docs_names_the_distribution():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    wheel_file = re.escape(DISTRIBUTION.replace("-", "_")) + r"-[\w.]+-py3-none-any\.whl"
+    ours = re.compile(rf"({re.escape(DISTRIBUTION)}|([\w.-]+/)*{wheel_file})(\[[\w,]+\])?")
+    named = []
+    for page in pages:
+        for m in re.finditer(r"pip install\s+(?:-\S+\s+)*['\"]?([^\s'\"`)]+)", page.read_text()):
+            requirement = m.group(1)
+            if requirement.startswith((".", "/")) or "fedkit" not in requirement:
+                continue  # a folder (`pip install -e .`) or another project (`pandas`)
+            assert ours.fullmatch(requirement), f"{page.relative_to(ROOT)}: {m.group(0)}"
+            named.append(page.name)
+    assert {"README.md", "install.md", "deploy.md"} <= set(named)
+    install = (ROOT / "docs" / "install.md").read_text()
+    assert "import name" in install and f"pip install '{DISTRIBUTION}[flower]'" in install
+
+
+def test_the_flower_app_and_the_plugin_template_depend_on_the_distribution(tmp_path):
+    made = CliRunner().invoke(app, ["deploy", "app", str(tmp_path / "app")])
+    assert made.exit_code == 0, made.output
+    flower_app = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())
+    assert flower_app["project"]["dependencies"] == [f"{DISTRIBUTION}[flower]"]
+
+    made = CliRunner().invoke(app, ["new-plugin", "myprox", "--dir", str(tmp_path)])
+    assert made.exit_code == 0, made.output
+    plugin = tomllib.loads((tmp_path / "myprox" / "pyproject.toml").read_text())
+    version = PYPROJECT["project"]["version"]
+    assert plugin["project"]["dependencies"] == [f"{DISTRIBUTION}>={version}"]
+    assert "fedkit" in plugin["project"]["entry-points"]  # the group keeps its name
+
+
+def test_a_missing_flower_extra_names_the_distribution(monkeypatch):
+    from fedkit.errors import RecipeError
+    from fedkit.flower import import_flwr
+
+    monkeypatch.setitem(sys.modules, "flwr", None)  # `import flwr` raises ImportError
+    with pytest.raises(RecipeError, match=re.escape(f"pip install '{DISTRIBUTION}[flower]'")):
+        import_flwr()

@@ -23,7 +23,7 @@ from fedkit.rundir import checkpoint, logs
 from fedkit.seeding import derive
 
 ray = pytest.importorskip(
-    "ray", reason="the ray extra is not installed (pip install 'fedkit[ray]')"
+    "ray", reason="the ray extra is not installed (pip install 'fedkit-fl[ray]')"
 )
 
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from fedkit.config.schema import validate
 from fedkit.core.engine import run_round
+from fedkit.core.ledger import TENSOR_FIELDS
 from fedkit.errors import RecipeError
 from fedkit.evaluation.scoring import score_encoder
 from fedkit_plugins._ssl_common import byol_loss_fn
@@ -254,11 +255,13 @@ def test_single_client_sends_nothing_keeps_its_model_and_scores_clients():
     )
     run, spy = spied(raw)
     rows = rounds(run, 2)
-    # every key is private: nothing goes up, nothing comes down, the pool holds nothing
+    # every key is private: no tensor goes up or comes down, the pool holds nothing; only
+    # the values clients report cross (booked as *_metrics)
     assert run.server.private == set(run.server.template.state_dict())
     assert all(up.tensors == {} for ups in spy.uploads.values() for up in ups)
-    assert all(r["bytes"]["total"] == 0 for r in rows)
-    assert run.server.ledger.totals()["total"] == 0
+    totals = run.server.ledger.totals()
+    assert all(totals[f] == 0 for f in TENSOR_FIELDS)
+    assert totals["total"] == totals["up_metrics"] + totals["eval_metrics"] > 0
     assert run.server.pool == [{}]
     for row in rows:
         scores = row["client_knn_accuracy"]

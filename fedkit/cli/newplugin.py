@@ -20,6 +20,7 @@ from importlib.metadata import entry_points, version
 from pathlib import Path
 
 from fedkit.errors import FedkitError
+from fedkit.plugin.entrypoints import DISTRIBUTION
 from fedkit.rundir.atomic import DIR_MODE
 
 PYPROJECT = """\
@@ -32,7 +33,7 @@ name = "fedkit-{name}"
 version = "0.1.0"
 description = "The {name} plugin for fedkit."
 requires-python = ">=3.10"
-dependencies = ["fedkit>={fedkit}"]
+dependencies = ["{distribution}>={fedkit}"]
 
 [project.entry-points.fedkit]
 {name} = "{module}.plugin:{cls}"
@@ -199,7 +200,13 @@ def create(name: str, parent: Path) -> Path:
     if root.exists():
         raise FedkitError(f"{root} already exists; choose another name or folder")
     cls = "".join(part.capitalize() for part in name.split("_"))
-    values = {"name": name, "module": module, "cls": cls, "fedkit": version("fedkit")}
+    values = {
+        "name": name,
+        "module": module,
+        "cls": cls,
+        "fedkit": version(DISTRIBUTION),
+        "distribution": DISTRIBUTION,
+    }
     files = {
         "pyproject.toml": PYPROJECT,
         "README.md": README,

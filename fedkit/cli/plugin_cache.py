@@ -17,7 +17,7 @@ import os
 from importlib.metadata import EntryPoint, version
 from pathlib import Path
 
-from fedkit.plugin.entrypoints import fingerprint
+from fedkit.plugin.entrypoints import DISTRIBUTION, fingerprint
 from fedkit.rundir.atomic import write_json
 
 
@@ -30,7 +30,7 @@ def cache_file() -> Path:
 
 
 def key(entry_points: dict[str, EntryPoint]) -> list:
-    return [version("fedkit"), *(fingerprint(ep) for _, ep in sorted(entry_points.items()))]
+    return [version(DISTRIBUTION), *(fingerprint(ep) for _, ep in sorted(entry_points.items()))]
 
 
 def load(entry_points: dict[str, EntryPoint]) -> list[list[str]] | None:

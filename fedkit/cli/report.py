@@ -68,7 +68,9 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise FedkitError("fedkit report needs matplotlib (pip install 'fedkit[report]')") from None
+        raise FedkitError(
+            "fedkit report needs matplotlib (pip install 'fedkit-fl[report]')"
+        ) from None
     return plt
 
 

@@ -174,9 +174,11 @@ class EngineConfig(Section):
     ``flower`` (each client a Flower node: Flower's simulation runtime, or a deployment
     started with ``fedkit deploy``; the ``flower`` extra). ``workers``, ``num_cpus``,
     ``num_gpus``, ``address``: Ray's actor count (Flower's simulation: its actors),
-    resources per actor and cluster (``auto``, ``ray://host:port``; none: a local
-    cluster). ``num_cpus`` is also torch's thread count for every client's work under
-    every executor, so a recipe's numbers do not depend on where it runs.
+    resources per actor and the cluster to join (``HOST:PORT``, ``ray://host:port``, or
+    ``auto``: Ray's pick, ``RAY_ADDRESS`` first); none: a Ray of the run's own, even
+    beside another cluster on the machine. ``num_cpus`` is also torch's thread count for
+    every client's work under every executor, so a recipe's numbers do not depend on
+    where it runs.
     ``store``: a registered client store, ``memory`` or ``disk``, or ``auto`` (disk when
     the clients' kept state would pass ``memory_budget_mb``); ``cache``: client memories
     a disk store keeps in memory.

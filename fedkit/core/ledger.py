@@ -1,26 +1,49 @@
 """The communication and privacy ledger: every byte between clients and server.
 
 One row per (round, client): bytes sent down (the round's job), up (the client's
-upload) and ``eval`` (the state sent to a client to score on its own test data; the
-scores it returns are a few numbers, not booked), each in three categories:
+reply) and ``eval`` (the evaluation exchange: the state sent to a client to score on its
+own test data, and the scores it returns). Tensors are booked by key, at their
+``nbytes``, in three categories:
 
 * ``model``: keys of the template model's state dict (parameters and buffers);
 * ``aux``: non-model keys a plugin declared auxiliary (control variates, optimiser state);
 * ``data``: every other key: data-derived (features, statistics, public data).
+
+What a client reports (``ctx.log``, its evaluation scores) is booked as ``metrics``:
+``up_metrics`` for a training reply's values, ``eval_metrics`` for an evaluation's
+scores. A value's bytes are those of its name plus its compact JSON encoding in UTF-8
+(``value_bytes``): ``loss=0.25`` is ``len("loss") + len("0.25")`` = 8 bytes, whatever a
+transport adds around it. ``total`` is the sum of every field, so it counts everything
+that crossed. A reply the server refused (``fedkit.core.reply_checks``) is not booked:
+the server discarded it, and ``failures.jsonl`` records it instead.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import Tensor
 
 CATEGORIES = ("model", "aux", "data")
 DIRECTIONS = ("down", "up", "eval")
-FIELDS = tuple(f"{d}_{c}" for d in DIRECTIONS for c in CATEGORIES)
+TENSOR_FIELDS = tuple(f"{d}_{c}" for d in DIRECTIONS for c in CATEGORIES)
+"""Bytes of tensors, per direction and category."""
+METRIC_FIELDS = ("up_metrics", "eval_metrics")
+"""Bytes of reported values: a training reply's, an evaluation's scores."""
+FIELDS = TENSOR_FIELDS + METRIC_FIELDS
+"""Every field of a ledger row and of the totals (besides ``total``)."""
+
+
+def value_bytes(name: str, value: Any) -> int:
+    """The bytes a reported value is booked at: the UTF-8 length of its name plus that of
+    its compact JSON encoding (``json.dumps(value, separators=(",", ":"),
+    ensure_ascii=False)``; ``true``, ``0.25``, ``"text"`` with its quotes, ``NaN``)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return len(name.encode()) + len(text.encode())
 
 
 class Ledger:
@@ -79,6 +102,18 @@ class Ledger:
         )
         for key, value in tensors.items():
             row[direction + "_" + self.category(key)] += value.nbytes
+
+    def record_values(
+        self, round: int, client: int, direction: str, values: Mapping[str, Any]
+    ) -> None:
+        """Add reported values (``direction``: ``up`` for a training reply's, ``eval`` for
+        an evaluation's scores) at ``value_bytes`` each."""
+        if not values:
+            return
+        row = self.rows.setdefault(
+            (round, client), {"round": round, "client": client, **dict.fromkeys(FIELDS, 0)}
+        )
+        row[direction + "_metrics"] += sum(value_bytes(k, v) for k, v in values.items())
 
     def restore(self, flushed: Mapping[str, int]) -> None:
         """Take a checkpoint's totals back (a field an older fedkit did not book is 0)."""

@@ -18,9 +18,11 @@ executor. An actor that dies (a crashed process, a lost node) is replaced and it
 retried once; a job past ``federation.client_timeout`` is abandoned (its actor replaced)
 and reported as a timeout. The deadline counts from the moment a started actor takes the
 job: an actor's own start (importing torch, building the model) is never charged to a
-client. ``engine.address`` joins an existing cluster (``auto``, ``ray://host:port``);
-without one, a local cluster is started with ``workers × num_cpus`` CPUs and shut down
-when the run ends (by ``ray_reaper`` if the run is killed).
+client. ``engine.address`` joins an existing cluster (``auto``, ``HOST:PORT``,
+``ray://host:port``); without one, the run starts a Ray instance of its own with
+``workers × num_cpus`` CPUs, even where another cluster runs on the machine or
+``RAY_ADDRESS`` names one (``init_options``), and shuts it down when the run ends (by
+``ray_reaper`` if the run is killed).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from fedkit.config.schema import EngineConfig
 from fedkit.core import ray_reaper
 from fedkit.core.executor import Population, StoreSpec, client_threads_count
 from fedkit.core.faults import InjectedCrash
@@ -45,7 +48,7 @@ from fedkit.core.messages import (
     read_only,
 )
 from fedkit.core.worker import Worker
-from fedkit.errors import RecipeError
+from fedkit.errors import FedkitError, RecipeError
 from fedkit.rundir.store import ClientMemory
 
 
@@ -54,9 +57,31 @@ def import_ray() -> Any:
         import ray
     except ImportError:
         raise RecipeError(
-            "engine.executor", "the ray extra installed (pip install 'fedkit[ray]')", "ray"
+            "engine.executor", "the ray extra installed (pip install 'fedkit-fl[ray]')", "ray"
         ) from None
     return ray
+
+
+def init_options(engine: EngineConfig, workers: int) -> dict[str, Any]:
+    """``ray.init``'s arguments for a run on ``workers`` actors (the Ray executor's, and
+    Flower's simulation's).
+
+    Without ``engine.address``: ``address="local"``, a Ray instance of the run's own with
+    ``workers × num_cpus`` CPUs (and GPUs likewise). Ray would otherwise join the cluster
+    ``RAY_ADDRESS`` names, or the last one ``ray start`` left on the machine, and refuse
+    the sizes; a run must never land on someone else's cluster unasked. With an address,
+    only that: the run joins the cluster, whose size is its owner's (Ray refuses sizes
+    there). ``auto`` is Ray's own search (``RAY_ADDRESS``, then the last ``ray start``);
+    ``HOST:PORT`` or ``ray://HOST:PORT`` names the cluster, and ``RAY_ADDRESS`` is ignored.
+    """
+    if engine.address is not None:
+        return {"address": engine.address}
+    return {
+        "address": "local",
+        "include_dashboard": False,
+        "num_cpus": max(1, int(round(workers * engine.num_cpus))),
+        "num_gpus": int(round(workers * engine.num_gpus + 0.4999)),
+    }
 
 
 START_DEATHS = 3
@@ -162,16 +187,11 @@ class RayExecutor:
         self.started = not ray.is_initialized()
         self.reaper = None
         if self.started:
-            options: dict[str, Any] = {"log_to_driver": False}
-            if cfg.address is not None:
-                options["address"] = cfg.address
-            else:
-                options["include_dashboard"] = False
-                options["num_cpus"] = max(1, int(round(workers * cfg.num_cpus)))
-                options["num_gpus"] = int(round(workers * cfg.num_gpus + 0.4999))
+            options = init_options(cfg, workers)
+            if cfg.address is None:
                 self.reaper = ray_reaper.watch()
             try:
-                ray.init(**options)
+                ray.init(**options, log_to_driver=False)
             except (ConnectionError, TimeoutError) as exc:
                 if cfg.address is None:
                     raise
@@ -260,6 +280,10 @@ class RayExecutor:
             job, attempt, actor, _ = running.pop(ready[0])
             try:
                 value = ray.get(ready[0])
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, FedkitError):  # bad input: one line, as in-process
+                    raise exc.cause from None
+                raise
             except ray.exceptions.RayActorError as exc:
                 self.replace(actor, starting)
                 if attempt == 0:

@@ -14,6 +14,11 @@ spawned in the last half second), and every Ray process whose command line names
 cluster's session (such a worker whose raylet died first no longer descends from the
 driver): SIGTERM, then SIGKILL after three seconds. It only ever signals Ray processes
 of the driver's own cluster, and psutil's checks keep a reused pid safe.
+
+Another Ray on the machine (a cluster someone started with ``ray start``) is never
+touched: the run watched starts a Ray instance of its own (the reaper runs only then),
+the sessions come only from the driver's descendants, and a process that was running
+before the driver started is never one of the driver's, whatever its command line says.
 """
 
 from __future__ import annotations
@@ -96,7 +101,7 @@ def main(argv: list[str]) -> None:
             break
     for process in list(noted.values()):  # started since the last look: a raylet's new worker
         _note_ray(psutil, _descendants(psutil, process), checked, noted, sessions)
-    _note_ray(psutil, _of_sessions(psutil, sessions), checked, noted)
+    _note_ray(psutil, _of_sessions(psutil, sessions, driver.create_time()), checked, noted)
     alive = []
     for process in noted.values():
         try:
@@ -133,12 +138,15 @@ def _note_ray(
             continue
 
 
-def _of_sessions(psutil: Any, sessions: set[str]) -> list[Any]:
-    """Every process on the machine whose command line names one of ``sessions``."""
+def _of_sessions(psutil: Any, sessions: set[str], since: float) -> list[Any]:
+    """Every process on the machine started at or after ``since`` (the driver's start)
+    whose command line names one of ``sessions``: an older one belongs to someone else."""
     found = []
     for process in psutil.process_iter() if sessions else ():
         try:
             line = " ".join(process.cmdline())
+            if process.create_time() < since:
+                continue
         except psutil.Error:
             continue
         if any(session in line for session in sessions):

@@ -5,6 +5,8 @@ Every numeric value a client reports (its training loss, extra loss terms, whate
 ``ctx.log`` or ``after_local_train`` returned) becomes ``train_<name>``: the mean over
 the round's clients weighted by their sample counts (booleans become the fraction that
 was true). Every value, numeric or not, is also kept per client under ``per_client``.
+The values are JSON numbers, booleans and short strings: the client's ``ctx.log`` and the
+server's reply checks (``fedkit.plugin.reported``) let nothing else through.
 """
 
 from __future__ import annotations
@@ -13,16 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from torch import Tensor
 
 from fedkit.core.messages import ClientResult, EvalResult
-
-
-def plain(value: Any) -> Any:
-    """A JSON-ready value: 0-d tensors become Python numbers."""
-    if isinstance(value, Tensor) and value.numel() == 1:
-        return value.item()
-    return value
 
 
 def is_number(value: Any) -> bool:
@@ -31,7 +25,7 @@ def is_number(value: Any) -> bool:
 
 def summarise(results: Sequence[ClientResult]) -> dict[str, Any]:
     """``train_<name>`` sample-weighted means and the ``per_client`` values."""
-    per_client = {str(r.client): {k: plain(v) for k, v in r.metrics.items()} for r in results}
+    per_client = {str(r.client): dict(r.metrics) for r in results}
     names: dict[str, None] = {}
     for values in per_client.values():
         names.update({k: None for k, v in values.items() if is_number(v)})
@@ -59,13 +53,11 @@ def evaluation_entries(results: Sequence[EvalResult]) -> dict[str, Any]:
     done = sorted((r for r in results if r.failure is None), key=lambda r: r.client)
     names: dict[str, None] = {}
     for r in done:
-        names.update({k: None for k, v in r.metrics.items() if is_number(plain(v))})
+        names.update({k: None for k, v in r.metrics.items() if is_number(v)})
     row: dict[str, Any] = {}
     for name in names:
         values = {
-            str(r.client): float(plain(r.metrics[name]))
-            for r in done
-            if is_number(plain(r.metrics.get(name)))
+            str(r.client): float(r.metrics[name]) for r in done if is_number(r.metrics.get(name))
         }
         row[f"personalized_{name}"] = float(np.mean(list(values.values())))
         row[f"client_{name}"] = values

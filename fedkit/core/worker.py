@@ -45,6 +45,7 @@ from fedkit.plugin.hookspecs import CLIENT
 from fedkit.plugin.keys import parameter_keys
 from fedkit.plugin.manager import Plugins
 from fedkit.plugin.markers import DROP
+from fedkit.plugin.reported import checked as checked_values
 from fedkit.rundir.store import ClientMemory
 from fedkit.seeding import derive, seed_everything
 from fedkit.training import precision
@@ -310,7 +311,7 @@ class Worker:
             raise
         except Exception as exc:  # noqa: BLE001 - a client's failure is data
             return EvalResult(data.id, {}, "exception", failure_text(exc))
-        return EvalResult(data.id, {**scores, **ctx.logged})
+        return EvalResult(data.id, {**checked_values(scores), **ctx.logged})
 
     def encoder_scores(self, encoder: nn.Module, benchmark: Benchmark) -> dict[str, Any]:
         """The recipe's representation protocol on a client's encoder (it trains a probe)."""

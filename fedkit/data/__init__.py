@@ -9,7 +9,13 @@ from fedkit.data.datasets import (
     load_split,
     load_splits,
 )
-from fedkit.data.federated import ClientData, FederatedData, build_federated_data, split_federated
+from fedkit.data.federated import (
+    ClientData,
+    FederatedData,
+    build_client_data,
+    build_federated_data,
+    split_federated,
+)
 from fedkit.data.partition import Partition, partition
 from fedkit.data.summary import partition_table, render_partition, save_partition
 
@@ -21,6 +27,7 @@ __all__ = [
     "Partition",
     "RawImages",
     "balanced_subset",
+    "build_client_data",
     "build_federated_data",
     "check_data",
     "load_split",

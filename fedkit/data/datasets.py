@@ -22,7 +22,7 @@ from PIL import Image
 
 from fedkit.config.schema import DataConfig
 from fedkit.data.normalization import standardize
-from fedkit.errors import RecipeError
+from fedkit.errors import FedkitError, RecipeError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 STL10_CLASSES = "airplane bird car cat deer dog horse monkey ship truck".split()
@@ -87,13 +87,32 @@ class Dataset:
     """A registered data set (the ``register_datasets`` hook): ``load(cfg, split, limit)``
     returns ``RawImages``; ``needs_root``: ``data.root`` must name a directory;
     ``download``: ``data.download: true`` may fetch the files into it; ``splits`` it has;
-    ``root_hint``: how to get the files, for the error when they are missing."""
+    ``root_hint``: how to get the files, for the error when they are missing.
+
+    ``labels(cfg, split)`` and ``subset(cfg, split, indices)``, given together or not at
+    all, let one client's data be read alone (``fedkit.data.build_client_data``): the
+    first returns every label of the split without decoding an image, the second only the
+    images at ``indices`` (positions in the order of ``load(cfg, split, None)``, in that
+    order, repeats allowed) as ``RawImages``. Such a data set's ``load`` must keep
+    ``balanced_subset(labels, limit)`` for a ``limit``, or ignore it. Without them the
+    split is loaded whole once and sliced at once."""
 
     load: Callable[[DataConfig, str, int | None], RawImages]
     needs_root: bool = True
     download: bool = False
     splits: tuple[str, ...] = ("train", "test")
     root_hint: str = ""
+    labels: Callable[[DataConfig, str], Any] | None = None
+    subset: Callable[[DataConfig, str, np.ndarray], RawImages] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.labels is None) != (self.subset is None):
+            raise ValueError("a data set registers both labels and subset, or neither")
+
+    @property
+    def reads_subsets(self) -> bool:
+        """Whether chosen images can be read without loading the whole split."""
+        return self.labels is not None and self.subset is not None
 
 
 def load_split(cfg: DataConfig, split: str, dataset: Dataset) -> ImageSet:
@@ -162,14 +181,68 @@ def balanced_subset(labels: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
 def _load_limited(cfg: DataConfig, split: str, dataset: Dataset) -> RawImages:
     """Load a split, keeping a class-balanced subset when ``max_train``/``max_test`` is
     set, as RGB images of ``cfg.image_size``."""
-    limit = cfg.max_test if split == "test" else cfg.max_train
+    limit = _limit(cfg, split)
     raw = dataset.load(cfg, split, limit)
     images, labels = raw.images, raw.labels
     if limit is not None and limit < len(labels):
         keep = torch.from_numpy(balanced_subset(labels.numpy(), limit))
         images, labels = images[keep], labels[keep]
-    images = _to_rgb(images) if images.dim() == 3 else images
-    return RawImages(_resize(images, cfg.image_size), labels, raw.classes)
+    return RawImages(_rgb_sized(images, cfg.image_size), labels, raw.classes)
+
+
+def _limit(cfg: DataConfig, split: str) -> int | None:
+    return cfg.max_test if split == "test" else cfg.max_train
+
+
+def _rgb_sized(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Loader output (``N×3×H×W`` or grayscale ``N×H×W``) as RGB ``N×3×size×size``."""
+    return _resize(_to_rgb(images) if images.dim() == 3 else images, size)
+
+
+class LabelledSplit:
+    """One split of a data set, as ``load_split`` would keep it (``max_train``/``max_test``
+    applied), known by its labels, whose images are read only when asked for.
+
+    With a data set that reads subsets (``Dataset.labels`` and ``Dataset.subset``) no
+    image is decoded until ``images``; otherwise the split is loaded whole here, and
+    ``images`` copies the chosen ones out (drop this object to free the rest).
+    """
+
+    def __init__(self, cfg: DataConfig, split: str, dataset: Dataset) -> None:
+        if split not in dataset.splits:
+            raise ValueError(f"split must be one of {dataset.splits}, not {split!r}")
+        self.cfg, self.split, self.dataset = cfg, split, dataset
+        limit = _limit(cfg, split)
+        self._whole: RawImages | None = None
+        if dataset.reads_subsets:
+            assert dataset.labels is not None
+            every = np.asarray(dataset.labels(cfg, split), dtype=np.int64).reshape(-1)
+        else:
+            self._whole = dataset.load(cfg, split, limit)
+            every = self._whole.labels.numpy()
+        self._kept = None
+        if limit is not None and limit < len(every):
+            self._kept = balanced_subset(every, limit)
+            every = every[self._kept]
+        self.labels: np.ndarray = every
+
+    def images(self, positions: np.ndarray) -> RawImages:
+        """The images at ``positions`` of ``labels`` (in that order), RGB at
+        ``data.image_size``; the images and labels are copies."""
+        positions = np.asarray(positions, dtype=np.int64).reshape(-1)
+        where = positions if self._kept is None else self._kept[positions]
+        if self._whole is not None:
+            index, whole = torch.from_numpy(where), self._whole
+            raw = RawImages(whole.images[index], whole.labels[index], whole.classes)
+        else:
+            assert self.dataset.subset is not None
+            raw = self.dataset.subset(self.cfg, self.split, where)
+            if not np.array_equal(np.asarray(raw.labels), self.labels[positions]):
+                raise FedkitError(
+                    f"data set {self.cfg.dataset!r}: the labels its subset loader returns for "
+                    f"the {self.split} split differ from those its labels loader gave"
+                )
+        return RawImages(_rgb_sized(raw.images, self.cfg.image_size), raw.labels, raw.classes)
 
 
 UNSCALED: Stats = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
@@ -355,11 +428,9 @@ def _read_image(path: str, size: int) -> np.ndarray:
         return np.asarray(image)
 
 
-def load_imagefolder(cfg: DataConfig, split: str, limit: int | None = None) -> RawImages:
-    """Decode an ImageFolder split into memory; classes are the train split's folders.
-
-    The subset for ``limit`` is chosen from the file list, so only kept files are decoded.
-    """
+def _folder_listing(cfg: DataConfig, split: str) -> tuple[list[str], np.ndarray, list[str]]:
+    """An ImageFolder split's image paths, their labels and the classes (the train split's
+    folders), from directory listings alone."""
     classes = _class_dirs(_folder_split(cfg, "train"))
     directory = _folder_split(cfg, split)
     unknown = sorted(set(_class_dirs(directory)) - set(classes))
@@ -373,15 +444,41 @@ def load_imagefolder(cfg: DataConfig, split: str, limit: int | None = None) -> R
     paths, labels = _list_images(directory, classes)
     if not paths:
         raise RecipeError("data.root", f"image files in class folders of {directory}", cfg.root)
-    if limit is not None and limit < len(paths):
-        keep = balanced_subset(labels, limit)
-        paths, labels = [paths[i] for i in keep], labels[keep]
-    size = cfg.image_size
+    return paths, labels, classes
+
+
+def _decode(paths: list[str], size: int) -> torch.Tensor:
+    """Image files as uint8 ``N×3×size×size``; an unreadable one is a ``RecipeError``."""
     images = np.empty((len(paths), size, size, 3), dtype=np.uint8)
     for i, path in enumerate(paths):
         try:
             images[i] = _read_image(path, size)
         except OSError as exc:
             raise RecipeError("data.root", "readable image files", path, hint=f" ({exc})") from None
-    tensor = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
-    return RawImages(tensor, torch.from_numpy(labels), classes)
+    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+
+
+def load_imagefolder(cfg: DataConfig, split: str, limit: int | None = None) -> RawImages:
+    """Decode an ImageFolder split into memory; classes are the train split's folders.
+
+    The subset for ``limit`` is chosen from the file list, so only kept files are decoded.
+    """
+    paths, labels, classes = _folder_listing(cfg, split)
+    if limit is not None and limit < len(paths):
+        keep = balanced_subset(labels, limit)
+        paths, labels = [paths[i] for i in keep], labels[keep]
+    return RawImages(_decode(paths, cfg.image_size), torch.from_numpy(labels), classes)
+
+
+def imagefolder_labels(cfg: DataConfig, split: str) -> np.ndarray:
+    """Every label of an ImageFolder split, in ``load_imagefolder``'s order, from the
+    folder names alone (no file is opened)."""
+    return _folder_listing(cfg, split)[1]
+
+
+def imagefolder_subset(cfg: DataConfig, split: str, indices: np.ndarray) -> RawImages:
+    """Decode only the files at ``indices`` of an ImageFolder split's file list."""
+    paths, labels, classes = _folder_listing(cfg, split)
+    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+    chosen = [paths[i] for i in indices]
+    return RawImages(_decode(chosen, cfg.image_size), torch.from_numpy(labels[indices]), classes)

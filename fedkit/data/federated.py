@@ -2,17 +2,19 @@
 
 Everything is index arrays into one shared train and one shared test ``ImageSet``, so a
 run with many clients holds each image once. All randomness comes from streams spawned
-from the run seed, so a seed fixes the whole layout.
+from the run seed, so a seed fixes the whole layout. The layout needs labels only, so one
+client's data can be built alone (``build_client_data``, a deployment's node).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedkit.config.schema import DataConfig
-from fedkit.data.datasets import Dataset, ImageSet, load_splits
+from fedkit.data.datasets import Dataset, ImageSet, LabelledSplit, Triple, load_splits
 from fedkit.data.partition import Partitioner, partition
 from fedkit.errors import RecipeError
 
@@ -71,10 +73,91 @@ def split_federated(
     train: ImageSet, test: ImageSet, cfg: DataConfig, seed: int, partitioner: Partitioner
 ) -> FederatedData:
     """The federated layout over already loaded sets (deterministic from ``seed``)."""
+    labels = train.labels.numpy()
+    server, clients, groups, test_rng = _assign(labels, cfg, seed, partitioner)
+    test_labels = test.labels.numpy()
+    client_tests = [
+        local_test_indices(labels[c], test_labels, cfg.local_test_size, test_rng) for c in clients
+    ]
+    return FederatedData(train, test, clients, client_tests, server, groups)
+
+
+def build_client_data(
+    cfg: DataConfig,
+    seed: int,
+    dataset: Dataset,
+    partitioner: Partitioner,
+    client: int,
+    *,
+    stats: tuple[Sequence[float], Sequence[float]],
+    classes: Sequence[str] | None = None,
+) -> ClientData:
+    """Client ``client``'s data alone: equal to ``build_federated_data(cfg, seed, dataset,
+    partitioner).client(client)`` when ``stats`` and ``classes`` are the whole build's.
+
+    The layout (server split, partition, local test sets) is computed from the labels
+    only; then only this client's images are read (a data set that reads subsets, such as
+    ``imagefolder``) or sliced out right after loading each split (any other data set,
+    which then holds one whole split in memory at a time, briefly). Neither the server's
+    split, the other clients' images nor the global test set is kept.
+
+    ``stats`` are the normalisation ``(mean, std)`` the server computed over the whole
+    train split (they cannot be computed from one client's images); ``classes``, when
+    given (the server's class names), must be the data set's own, in order.
+    """
+    if not 0 <= client < cfg.num_clients:
+        raise ValueError(f"client must be in 0..{cfg.num_clients - 1}, not {client}")
+    mean, std = (_triple(values, stats) for values in stats)
+    train = LabelledSplit(cfg, "train", dataset)
+    labels = train.labels
+    _, clients, _, test_rng = _assign(labels, cfg, seed, partitioner)
+    own = train.images(clients[client])
+    del train  # a data set loaded whole: free the other clients' images now
+    test = LabelledSplit(cfg, "test", dataset)
+    for c in clients[:client]:  # the draws before this client's, from the same stream
+        local_test_indices(labels[c], test.labels, cfg.local_test_size, test_rng)
+    held = local_test_indices(labels[clients[client]], test.labels, cfg.local_test_size, test_rng)
+    own_test = test.images(held)
+    del test
+    names = _checked_classes(cfg, dataset, own.classes, classes)
+    return ClientData(
+        client,
+        ImageSet(own.images, own.labels, names, mean, std),
+        ImageSet(own_test.images, own_test.labels, own_test.classes, mean, std),
+    )
+
+
+def _triple(values: Sequence[float], stats: object) -> Triple:
+    if len(values) != 3:
+        raise ValueError(f"stats must be (mean, std) of three channels each, not {stats!r}")
+    return float(values[0]), float(values[1]), float(values[2])
+
+
+def _checked_classes(
+    cfg: DataConfig, dataset: Dataset, found: list[str], expected: Sequence[str] | None
+) -> list[str]:
+    """The data set's classes, refused when they are not the ``expected`` ones."""
+    if expected is None:
+        return found
+    if list(expected) != list(found):
+        key = "data.root" if dataset.needs_root else "data.dataset"
+        raise RecipeError(
+            key,
+            f"the federation's classes ({', '.join(expected)})",
+            ", ".join(found),
+            hint=" (this machine's copy of the data set differs from the server's)",
+        )
+    return list(expected)
+
+
+def _assign(
+    labels: np.ndarray, cfg: DataConfig, seed: int, partitioner: Partitioner
+) -> tuple[np.ndarray, list[np.ndarray], list[int] | None, np.random.Generator]:
+    """The server split, each client's train indices and true groups, from the train
+    labels alone; and the stream the local test sets are then drawn from, in client order."""
     server_rng, partition_rng, test_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
     )
-    labels = train.labels.numpy()
     n_server = int(round(cfg.server_fraction * len(labels)))
     server = stratified_sample(labels, n_server, server_rng)
     rest = np.setdiff1d(np.arange(len(labels)), server)
@@ -86,11 +169,7 @@ def split_federated(
         )
     split = partition(labels[rest], cfg, partition_rng, partitioner)
     clients = split.clients if len(rest) == len(labels) else [rest[c] for c in split.clients]
-    test_labels = test.labels.numpy()
-    client_tests = [
-        local_test_indices(labels[c], test_labels, cfg.local_test_size, test_rng) for c in clients
-    ]
-    return FederatedData(train, test, clients, client_tests, server, split.groups)
+    return server, clients, split.groups, test_rng
 
 
 def stratified_sample(labels: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:

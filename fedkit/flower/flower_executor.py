@@ -231,7 +231,11 @@ class FlowerExecutor:
                 if reply.has_error():
                     yield ClientResult.failed(cid, "exception", reply.error.reason, sorted(sent))
                     continue
-                result, need = result_of(reply.content)
+                try:
+                    result, need = read_reply(reply.content, result_of, cid, len(job.offers))
+                except MalformedReply as exc:
+                    yield ClientResult.failed(cid, "refused", str(exc), sorted(sent))
+                    continue
                 if need is not None:
                     again[cid] = (job, sent | {need})
                     continue
@@ -260,7 +264,10 @@ class FlowerExecutor:
             elif reply.has_error():
                 yield EvalResult(job.client, {}, "exception", reply.error.reason)
             else:
-                yield eval_result_of(reply.content)
+                try:
+                    yield read_reply(reply.content, eval_result_of, job.client)
+                except MalformedReply as exc:
+                    yield EvalResult(job.client, {}, "refused", str(exc))
 
     def _accept(self, client: int, entry: dict[str, str] | None) -> None:
         """Record the file a node wrote for a result the server accepted."""
@@ -307,6 +314,26 @@ class FlowerExecutor:
         """End the simulation this executor started (a deployment's link stays open)."""
         if not _OPEN or self.link is not _OPEN[0]:
             self.link.close()
+
+
+class MalformedReply(ValueError):
+    """A node's reply that does not hold what a reply of its kind holds."""
+
+
+def read_reply(content: RecordDict, read: Any, client: int, pool: int | None = None) -> Any:
+    """``read(content)``, refused (``MalformedReply``) when the reply is not one fedkit's
+    node writes or names another client than the node's own: a node cannot answer for
+    another client, and a damaged reply is its client's failure, not the run's end."""
+    try:
+        found = read(content)
+    except (KeyError, TypeError, ValueError, IndexError, json.JSONDecodeError) as exc:
+        raise MalformedReply(f"a malformed reply ({type(exc).__name__}: {exc})") from None
+    result, need = found if isinstance(found, tuple) else (found, None)
+    if result.client != client:
+        raise MalformedReply(f"the reply of client {client}'s node names client {result.client}")
+    if need is not None and not (isinstance(need, int) and 0 <= need < (pool or 0)):
+        raise MalformedReply(f"the reply asks for cluster {need!r}, outside the pool")
+    return found
 
 
 def setup_content(

@@ -54,7 +54,7 @@ from fedkit.core.faults import InjectedCrash
 from fedkit.core.messages import ClientResult, ClientSetup
 from fedkit.core.setup_data import rebuild
 from fedkit.core.worker import Benchmark, Worker
-from fedkit.data.federated import ClientData, build_federated_data
+from fedkit.data.federated import ClientData, build_client_data, build_federated_data
 from fedkit.data.site import load_site
 from fedkit.errors import FedkitError, MissingOffer
 from fedkit.flower.records import (
@@ -249,8 +249,10 @@ class NodeHost:
     its client trains and evaluates on those images instead of a partition of the
     recipe's data set. ``resident``: this host lives as long as the node it answers for,
     so the run's setup stays here rather than in the node's state (see the module
-    docstring). A deployed host (one with a ``folder``) never builds the evaluator's
-    benchmark sets: it holds one client's data and nothing else."""
+    docstring). A deployed host (one with a ``folder``) builds its client's data alone
+    (``fedkit.data.build_client_data``: no other client's images, no global test set)
+    and never the evaluator's benchmark sets; a simulation's host (no ``folder``, on the
+    server's machine) builds the federation's data once for every node it answers for."""
 
     def __init__(
         self,
@@ -313,10 +315,20 @@ class NodeHost:
                 self.nodes[token, partition] = Node(
                     run["worker"], data, run["folder"], by_name=self.folder is not None
                 )
+            elif self.folder is not None:  # deployed: this client's images alone
+                regs, meta = registries(), run["meta"]
+                client = build_client_data(
+                    recipe.data, recipe.seed, regs.datasets.get(recipe.data.dataset),
+                    regs.partitioners.get(recipe.data.partition.name), partition,
+                    stats=meta["stats"], classes=meta["classes"],
+                )  # fmt: skip
+                self.nodes[token, partition] = Node(
+                    run["worker"], client, run["folder"], by_name=True
+                )
             else:
                 client = run["data"].client(partition)
                 self.nodes[token, partition] = Node(
-                    run["worker"], client, run["folder"], run["benchmark"], self.folder is not None
+                    run["worker"], client, run["folder"], run["benchmark"]
                 )
         return self.nodes[token, partition]
 
@@ -358,7 +370,7 @@ class NodeHost:
         setup = rebuild(meta["setup"], recipe, meta["classes"], template, None)
         threads(client_threads_count(recipe))
         folder = self.folder if self.folder is not None else _path(meta.get("folder"))
-        if self.site is not None:  # a site brings its own images: no shared data set
+        if self.site is not None or self.folder is not None:  # one client's data, built per node
             found = {"setup": setup, "worker": Worker(setup), "folder": folder, "meta": meta}
             self.runs[token] = found
             return found
@@ -369,8 +381,6 @@ class NodeHost:
         found: dict[str, Any] = {}
 
         def benchmark() -> Benchmark | None:
-            if self.folder is not None:
-                return None  # a deployed node holds its client's data alone
             if "value" not in found:
                 found["value"] = Evaluator(recipe, data).benchmark()
             return found["value"]

@@ -100,7 +100,7 @@ def run_directory(value: object, root: Path) -> Path:
         raise RecipeError("out", expected, value, file="run config")
     text = value.strip()
     out = (root / text).resolve()
-    if out == root:
+    if out == root or not out.is_relative_to(root):
         raise RecipeError("out", expected, text, file="run config", hint=f" (it resolves to {out})")
     return out
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from fedkit.config.schema import Recipe
 from fedkit.data.datasets import ImageSet
+from fedkit.plugin.reported import MAX_TEXT, MAX_VALUES, checked, too_many
 from fedkit.training.loop import Batch, NonFiniteLoss, run_loop
 from fedkit.training.optim import make_optimizer, round_lr
 
@@ -62,7 +63,8 @@ ATTRIBUTES = {
     "steps": "optimiser steps the core fit loop took this round",
     "fetch": "`ctx.fetch(c)`: download cluster `c`'s state (booked once per round)",
     "fetched": "the clusters it downloaded this round, in order",
-    "log": "`ctx.log(name=value)`: report a metric (the one client-side channel)",
+    "log": "`ctx.log(name=value)`: report a metric (the one client-side channel): a number, "
+    f"a bool or a string of at most {MAX_TEXT} characters",
     "logged": "what it reported so far this round",
     "fit": "`ctx.fit(model, objective)`: the core fit loop (logs `loss`)",
 }
@@ -174,8 +176,13 @@ class ClientContext:
 
     def log(self, **values: Any) -> None:
         """Report values for this round's metrics (numbers are averaged over clients,
-        weighted by samples; every value is kept per client)."""
-        self._metrics.update(values)
+        weighted by samples; every value is kept per client). Each value is a number, a
+        bool or a short string (``fedkit.plugin.reported``); anything else raises
+        ``MetricError`` here, which the plugin adapter names the calling plugin in."""
+        metrics = self._metrics
+        metrics.update(checked(values))
+        if len(metrics) > MAX_VALUES:
+            raise too_many(next(reversed(metrics)))
 
     def fit(self, model: nn.Module, objective: Objective) -> dict[str, float]:
         """Run the core fit loop: the recipe's optimiser at this round's learning rate,

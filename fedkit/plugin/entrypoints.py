@@ -14,6 +14,10 @@ from importlib.metadata import EntryPoint, entry_points
 from fedkit.errors import FedkitError
 
 GROUP = "fedkit"
+DISTRIBUTION = "fedkit-fl"
+"""The name fedkit installs under (``pip install fedkit-fl``, ``version(DISTRIBUTION)``):
+``fedkit`` on the package index is another project's. The import name and the entry-point
+group stay ``fedkit``."""
 
 
 def discover() -> dict[str, EntryPoint]:

@@ -32,7 +32,10 @@ is the call order (``tryfirst``/``trylast`` are refused).
 
 ``None`` returned from any hook means "nothing from this plugin". Metrics go through one
 channel per side: ``ctx.log(name=value)`` on a client, ``server.log(name=value)`` on the
-server.
+server. What a client reports crosses to the server, so it is typed (a number, a bool or
+a string of at most 256 characters) and booked in the ledger (``up_metrics``,
+``eval_metrics``); and the server checks every reply before any hook sees it (keys,
+shapes, dtypes, sizes, finiteness: ``fedkit.core.reply_checks``).
 """
 
 from __future__ import annotations
@@ -220,7 +223,9 @@ def auxiliary_keys(server: Server) -> Iterable[str] | None:
     The ledger books every transfer in three categories: model parameters (keys of the
     template), auxiliary tensors (control variates, optimiser state: not computed from
     data features) and data-derived tensors (features, statistics, public data). A
-    non-model key is data-derived unless a plugin declares it auxiliary here.
+    non-model key is data-derived unless a plugin declares it auxiliary here. The server
+    accepts a declared auxiliary key of any shape; auxiliary and data-derived tensors
+    together are bounded per reply (``reply_checks.EXTRA_FACTOR`` times the template).
 
     :param server: the server.
     :returns: ``fnmatch`` patterns of keys (``"myplugin.*"``), or ``None``.
@@ -399,8 +404,9 @@ def upload_selection(
     Called on the client after ``after_local_train``. Return a tensor to send it under
     that key, ``fedkit.DROP`` to withhold it. A non-model key is booked as data-derived
     unless a plugin declared it in ``auxiliary_keys``; a plugin sending data-derived keys
-    sets ``uploads_data_derived = True`` so that ``fedkit plugins`` and ``fedkit run``
-    warn. Unclaimed keys: the model's shared keys are sent as they are.
+    sets ``uploads_data_derived = True``: ``fedkit plugins`` and ``fedkit run`` show it,
+    and without it the server refuses a reply holding a data-derived key. A private key
+    is always refused. Unclaimed keys: the model's shared keys are sent as they are.
 
     :param ctx: the client context.
     :param local: the client's model state after training (detached copies).
@@ -415,7 +421,8 @@ def process_upload(ctx: ClientContext, upload: dict[str, Tensor]) -> dict[str, T
 
     Called on the client after ``upload_selection``, in recipe order, each plugin seeing
     the previous one's result. Clipping for differential privacy, compression and
-    quantisation go here; the ledger counts what this returns.
+    quantisation go here; the ledger counts what this returns. The server refuses a
+    reply whose model keys changed shape or dtype, or that holds a non-finite value.
 
     :param ctx: the client context (``ctx.received`` holds what was sent down).
     :param upload: the tensors about to be sent.
@@ -508,7 +515,8 @@ def evaluate_client(ctx: ClientContext, model: nn.ModuleDict) -> None:
     Called on the client on evaluation rounds, after the core's protocol scored the
     personal model (supervised: accuracy on ``ctx.test``). Report scores with
     ``ctx.log(name=value)``: the round's metrics get ``personalized_<name>`` (the mean
-    over evaluated clients) and ``client_<name>`` (each client's value).
+    over evaluated clients) and ``client_<name>`` (each client's value). A score is a
+    number, a bool or a short string, booked in the ledger as ``eval_metrics``.
 
     :param ctx: the client context.
     :param model: the personal model (``personal_model``'s answer or the default), in

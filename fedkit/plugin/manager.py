@@ -49,6 +49,7 @@ from fedkit.plugin.registry import (
     implemented_hooks,
     registers_only,
 )
+from fedkit.plugin.reported import MetricError
 
 SIDES = (hookspecs.SERVER, hookspecs.CLIENT)
 DROPPING = ("upload_selection", "aggregate", "server_update")
@@ -191,6 +192,8 @@ class _Adapter:
                     args.append(provide(kwargs, plugin, hook))
             try:
                 result = method(*args)
+            except MetricError as exc:  # ctx.log refused a value: name who reported it
+                raise exc.by(plugin, hook) from None
             except (FedkitError, PluginError, MissingOffer):
                 raise
             except Exception as exc:
@@ -215,7 +218,10 @@ def _returned_metrics(plugin: str, hook: str, result: Mapping[str, Any], owner: 
     new = {k: v for k, v in result.items() if k not in logged or logged[k] != v}
     if new:
         migration.returned_metrics(plugin, hook)
-        owner.log(**new)
+        try:
+            owner.log(**new)
+        except MetricError as exc:
+            raise exc.by(plugin, hook) from None
     return True if hook == "local_train" else None
 
 
