@@ -160,7 +160,7 @@ def deployment(
     procs.append(
         subprocess.Popen(
             superlink,
-            env=env,
+            env={**env, "FEDKIT_SERVER_ROOT": str(tmp)},  # where the ServerApp writes runs
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -208,7 +208,7 @@ def deployment(
             "--superlink",
             f"127.0.0.1:{port}",
             "--out",
-            str(out),
+            out.name,  # under the SuperLink's FEDKIT_SERVER_ROOT
             "--insecure",
             *sets,
         ]

@@ -26,12 +26,15 @@ os.environ.setdefault("FEDKIT_CACHE_DIR", tempfile.mkdtemp(prefix="fedkit-test-c
 # Makefile hands whole files to its workers in collection order (--no-loadscope-reorder),
 # so starting these first keeps one long file from running alone at the end.
 SLOWEST_FIRST = (
-    "test_ray_faults.py",
+    "test_foreign_ray.py",
+    "test_deployment.py",
     "test_flower.py",
+    "test_ray_faults.py",
+    "test_packaging.py",
     "test_chaos_soak.py",
     "test_executors.py",
-    "test_deployment.py",
     "test_sweep.py",
+    "test_node_restarts.py",
 )
 
 

@@ -2,10 +2,12 @@
 ``fedkit deploy node`` sites and ``fedkit deploy run``, every process started and ended
 by the test. The run gives the metrics, ledger and pool of the sequential executor; no
 message the server receives carries a private key or a client's memory; what clients
-keep is on their nodes, not in the run directory; running it again with more rounds
-resumes from the checkpoint and the nodes' own files, to the sequential numbers; and the
-SuperLink admits only the nodes whose keys were registered (TLS and node authentication,
-as docs/deploy.md sets them up)."""
+keep is on their nodes, not in the run directory; a second run on the same nodes keeps its
+files apart and survives a node killed mid-run (a failed client, recorded; the restarted
+node takes back what its client kept and trains again); running the first again with more
+rounds resumes from the checkpoint and the nodes' own files, to the sequential numbers;
+and the SuperLink admits only the nodes whose keys were registered (TLS and node
+authentication, as docs/deploy.md sets them up)."""
 
 from __future__ import annotations
 
@@ -164,13 +166,15 @@ def reads(tmp_path: Path, node: int) -> set[str]:
 def federation(tmp_path):
     """A SuperLink that admits only registered nodes (TLS and node authentication), three
     nodes holding partitions, a fourth holding a site's own images and a fifth whose key
-    was never registered; afterwards every one of their processes has ended."""
+    was never registered (and a registered spare key, for a node started again); afterwards
+    every one of their processes has ended."""
     port = free_port()
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr"), "FLWR_TELEMETRY_ENABLED": "0"}
     env["FEDKIT_FLOWER_AUDIT"] = str(tmp_path / "audit.jsonl")
     env["FEDKIT_SERVER_ROOT"] = str(tmp_path / "server")  # where the ServerApp writes runs
     (tmp_path / "server").mkdir()
     env["OMP_NUM_THREADS"] = "1"
+    env["FEDKIT_REPORT"] = "1"  # the ServerApp writes report.html (conftest turns it off)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # the SuperLink starts Flower commands
     tls = certificates(tmp_path / "tls")
     superlink = [
@@ -191,16 +195,16 @@ def federation(tmp_path):
     site = tmp_path / "site"
     write_images(site / "train", {"3": 6, "7": 4})
     write_images(site / "test", {"3": 2, "7": 2}, seed=1)
-    keys = {k: tmp_path / "keys" / f"node{k}.key" for k in range(5)}
+    keys = {k: tmp_path / "keys" / f"node{k}.key" for k in range(6)}  # the sixth: a spare
     keys[0].parent.mkdir()
-    public = [make_key_pair(keys[k]) for k in range(5)]
+    public = [make_key_pair(keys[k]) for k in range(6)]
     admit = [
-        str(BIN / "fedkit"), "deploy", "register", *map(str, public[:4]),
+        str(BIN / "fedkit"), "deploy", "register", *map(str, public[:4]), str(public[5]),
         "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(tls["ca"]),
     ]  # fmt: skip
     done = subprocess.run(admit, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert done.stdout.count("registered successfully") == 4
+    assert done.stdout.count("registered successfully") == 5
     images = tmp_path / "images"  # the federation's data set, each node reading its part
     write_images(images / "train", {"3": 50, "7": 40, "9": 30})
     write_images(images / "test", {"3": 12, "7": 12, "9": 12}, seed=2)
@@ -219,11 +223,25 @@ def federation(tmp_path):
             str(BIN / "fedkit"), "deploy", "node", "--superlink", f"127.0.0.1:{port}",
             "--partition", str(k % 4), "--dir", str(tmp_path / f"node{k}"),
             "--root-certificates", str(tls["ca"]), "--auth-key", str(keys[k]),
+            *(["--reconnect", "5"] if k == 4 else []),  # the unregistered key: stop soon
             *(["--data", str(site)] if k == 3 else []),
         ]  # fmt: skip
         procs.append(start(node, tmp_path / f"node{k}.log", node_env))
+
+    def kill_and_restart(k: int) -> None:
+        """kill -9 node ``k``, then start it again on its folder with the spare key (the
+        SuperLink holds a killed node's key online for a minute: two missed heartbeats)."""
+        os.killpg(procs[1 + k].pid, signal.SIGKILL)
+        procs[1 + k].wait()
+        node = [
+            str(BIN / "fedkit"), "deploy", "node", "--superlink", f"127.0.0.1:{port}",
+            "--partition", str(k), "--dir", str(tmp_path / f"node{k}"),
+            "--root-certificates", str(tls["ca"]), "--auth-key", str(keys[5]),
+        ]  # fmt: skip
+        procs.append(start(node, tmp_path / f"node{k}-restarted.log", env))
+
     try:
-        yield port, env, procs[-1]  # the fifth node's key was never registered
+        yield port, env, procs[-1], kill_and_restart  # the fifth node's key was not registered
     finally:
         stop(procs[1:])  # the nodes first, so none is left asking a SuperLink that is gone
         stop(procs[:1])
@@ -235,7 +253,7 @@ def federation(tmp_path):
 def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     federation, tmp_path
 ):
-    port, env, intruder = federation
+    port, env, intruder, kill_and_restart = federation
     raw = tiny_recipe(
         federation={"rounds": 2, "clients_per_round": 3},
         plugins=["fedavg", "fedbn"],
@@ -250,6 +268,8 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "round   1/2" in done.stdout and "round   2/2" in done.stdout  # progress, streamed
+    assert (out / "report.html").is_file()
     seq = tmp_path / "sequential"
     run = runs.start(validate(raw), seq)
     private = run.server.private
@@ -275,13 +295,56 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     assert sorted(sidecar["clients"]) == ["0", "1", "2"]
     assert all(entry["on_node"] for entry in sidecar["clients"].values())
     assert not list((out / "clients").glob("*.safetensors"))
-    for k in range(3):
-        assert list((tmp_path / f"node{k}" / "memories").glob(f"{k}.r*.safetensors"))
+    for k in range(3):  # in the run series' own folder, named after the run directory
+        assert list((tmp_path / f"node{k}" / "memories").glob(f"deployed-*/{k}.r*.safetensors"))
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert {line["kind"] for line in audit} == {"train", "evaluate"}  # checkpoints ask nothing
     sent = {k for line in audit for k in line["keys"]}
     assert private and sent and not sent & private  # FedBN's normalisation layers stay home
     assert all("fedkit.memory" not in line["records"] for line in audit)
+
+    # a second run, with another seed, on the same nodes; one node is killed (-9) mid-run:
+    # the run goes on without it (a failed client, recorded), and the node started again
+    # (a new node id) takes back what its client kept and trains in the next round. Every
+    # client sleeps 1.5 s before training (a straggler fault): the node dies before its
+    # round-2 answer. The run's files are its own: they used to overwrite the first run's,
+    # whose resume below then failed every hash check.
+    lossy = {
+        **raw,
+        "seed": 1,
+        "federation": {**raw["federation"], "rounds": 3, "min_clients": 2, "client_timeout": 8},
+        "evaluation": {**raw.get("evaluation", {}), "every": 0},  # the last round only
+        "faults": {"straggler": 1.0, "delay": 1.5},
+    }
+    (tmp_path / "lossy.yaml").write_text(yaml.safe_dump(lossy))
+    killed = tmp_path / "server" / "killed"
+    second = [command[0], *command[1:3], str(tmp_path / "lossy.yaml"), *command[4:6]]
+    running = subprocess.Popen(
+        [*second, "--out", "killed", *command[-2:]], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (killed / "metrics.jsonl").exists() or not logs.read_metrics(killed):
+            assert running.poll() is None and time.monotonic() < deadline, "no round 1"
+            time.sleep(0.1)
+        kill_and_restart(1)
+        output, _ = running.communicate(timeout=300)
+    finally:
+        stop([running])
+    assert running.returncode == 0, output[-3000:]
+    rows = logs.read_metrics(killed)
+    assert [row["clients"] for row in rows] == [[0, 1, 2]] * 3
+    failed = [json.loads(line) for line in (killed / "failures.jsonl").read_text().splitlines()]
+    assert [(f["round"], f["client"]) for f in failed] == [(2, 1)], failed
+    assert failed[0]["error"].startswith("timeout"), failed
+    assert "failures" not in rows[2] and "eval_failures" not in rows[2]  # client 1 is back
+    for k in range(3):
+        series = sorted(p.name for p in (tmp_path / f"node{k}" / "memories").iterdir())
+        assert [name.rsplit("-", 1)[0] for name in series] == ["deployed", "killed"], series
+    assert (
+        next((tmp_path / "node1" / "memories").glob("killed-*")) / "1.r000003.safetensors"
+    ).exists()
 
     # the same command with more rounds resumes: a new ServerApp, the nodes adopt their files
     more = subprocess.run(
@@ -294,6 +357,8 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     runs.execute(runs.start(validate(three), seq3), seq3)
     assert logs.read_metrics(out) == logs.read_metrics(seq3)
     assert logs.read_ledger(out) == logs.read_ledger(seq3)
+    for k in range(3):  # its series' folder, on node 1's restarted process too
+        assert len(list((tmp_path / f"node{k}" / "memories").glob("deployed-*"))) == 1
 
     # a fourth client, on the site's own ten train and four test images
     site_out = tmp_path / "server" / "site-run"
@@ -316,5 +381,6 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     # node authentication: the node whose key was not registered was refused, and said so
     assert intruder.wait(timeout=60) != 0
     refused = (tmp_path / "node4.log").read_text()
-    assert "Failed to activate SuperNode" in refused and "the SuperLink did not admit it" in refused
+    assert "Failed to activate SuperNode" in refused
+    assert "not admitted: is this key registered (fedkit deploy register)?" in refused
     assert not list((tmp_path / "node4" / "memories").glob("*"))

@@ -86,3 +86,45 @@ def test_quick_pulls_shortens_every_pull_in_the_process():
         assert module.pull_objects is patched, name
     internals.quick_pulls()  # a second call wraps nothing twice
     assert inflatable_utils.pull_objects is patched
+
+
+def test_what_keeps_a_node_alive_across_restarts_is_there_as_the_internals_expect():
+    """``connect`` replaces what Flower's connection uses to end the process (its module's
+    ``os``, ``flwr_exit``, ``HeartbeatSender`` and retry invoker, and ``http_retry``'s
+    ``os``); each must still be looked up there, used the way the replacements assume."""
+    from flwr.common import constant
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.supercore.error import ApiErrorCode, FlowerError
+    from flwr.supercore.heartbeat import HeartbeatSender
+    from flwr.supercore.retry import http_retry
+    from flwr.supernode import fleet_http_connection as fleet
+
+    from fedkit.flower import internals
+
+    connection = inspect.getsource(fleet.http_request_response)
+    assert "max_wait_time" in inspect.signature(fleet.http_request_response).parameters
+    for used in (
+        "os.kill(os.getpid(), signal.SIGINT)",  # on a 401 heartbeat
+        "HeartbeatSender(send_node_heartbeat)",
+        "retry_invoker = make_simple_http_retry_invoker()",
+        "flwr_exit(",  # a join that failed
+    ):
+        assert used in connection, used
+    for name in ("os", "flwr_exit", "HeartbeatSender", "make_simple_http_retry_invoker"):
+        assert hasattr(fleet, name), name
+    assert "os.kill(os.getpid(), signal.SIGINT)" in inspect.getsource(http_retry)
+    assert params(HeartbeatSender)[:1] == ["heartbeat_fn"]
+    invoker = http_retry.make_simple_http_retry_invoker()
+    assert invoker.on_backoff is not None and invoker.max_time is None
+    assert ApiErrorCode.FLEET_NODE_ACTIVATION_FAILED == 2004
+    assert ApiErrorCode.FLEET_SUPERNODE_REGISTRATION_DISABLED == 2001
+    assert FlowerError.from_json('{"code": 2004, "detail": "x"}').code == 2004
+    # a node is held online for HEARTBEAT_PATIENCE intervals; an online node is not activated
+    assert internals.ONLINE_FOR == constant.HEARTBEAT_PATIENCE * constant.HEARTBEAT_DEFAULT_INTERVAL
+    activate = inspect.getsource(InMemoryLinkState.activate_node)
+    assert "NodeStatus.REGISTERED, NodeStatus.OFFLINE" in activate
+    assert "HEARTBEAT_PATIENCE * heartbeat_interval" in activate
+
+
+def params(fn) -> list[str]:
+    return [p for p in inspect.signature(fn).parameters if p != "self"]

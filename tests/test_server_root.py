@@ -7,7 +7,6 @@ called directly; ``fedkit deploy run`` is checked up to the ``flwr run`` it star
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -194,12 +193,15 @@ def test_deploy_run_sends_the_recipe_text_and_a_relative_out(tmp_path, monkeypat
     path.write_text("# my recipe\n" + yaml.safe_dump(tiny_recipe(description='say "hi"')))
     calls = []
 
-    def flwr_run(command, env):
+    def flwr_run(command, env, seen):
         config = Path(command[command.index("--run-config") + 1])
         calls.append((command, parse_config_args([str(config)])))
-        return 0
+        seen.run_id = 1
 
-    monkeypatch.setattr(subprocess, "call", flwr_run)
+    monkeypatch.setattr(deploy, "follow", flwr_run)  # tests/test_deploy_cli.py runs the rest
+    monkeypatch.setattr(
+        deploy, "final_status", lambda seen, env: deploy.RunStatus("finished:completed")
+    )
     args = ["run", str(path), "--superlink", "127.0.0.1:1", "--insecure", "--out", "runs/a"]
     done = CliRunner().invoke(deploy.app, [*args, "--set", "seed=3"])
     assert done.exit_code == 0, done.output

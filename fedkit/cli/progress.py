@@ -18,6 +18,11 @@ from rich.progress import (
 )
 from rich.table import Table
 
+CHECKPOINTED = "run directory "
+"""The start of the line a deployed ServerApp prints once its run directory holds a
+checkpoint (a new run written, or a run about to be resumed): ``fedkit deploy run`` then
+knows that running it again resumes, and takes only the ``--set`` keys a resume accepts."""
+
 SHOWN = (
     "train_loss",
     "test_accuracy",
@@ -108,6 +113,23 @@ class JsonlReporter:
 
     def round_done(self, round: int, metrics: dict[str, Any]) -> None:
         self.emit("round", **{k: v for k, v in metrics.items() if k != "per_client"})
+
+
+class LineReporter:
+    """One plain line per finished round (``round_line``), flushed at once: what a
+    deployed ServerApp prints, since Flower streams its stdout line by line to
+    ``fedkit deploy run`` and ``flwr log`` and a progress bar would be noise there."""
+
+    def __init__(self, rounds: int, stream: TextIO | None = None) -> None:
+        self.rounds, self.stream = rounds, stream
+
+    def round_started(self, round: int, clients: list[int]) -> None: ...
+    def client_done(self, round: int, client: int) -> None: ...
+
+    def round_done(self, round: int, metrics: dict[str, Any]) -> None:
+        stream = self.stream or sys.stdout
+        stream.write(round_line(metrics, self.rounds) + "\n")
+        stream.flush()
 
 
 def summary_table(summary: dict[str, Any], out: str) -> Table:

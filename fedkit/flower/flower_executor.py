@@ -15,15 +15,34 @@ client that fetched all of them last round is sent all of them again, any other 
 none, and a fetch of one it lacks comes back as a request for it (the job then runs
 again with it; jobs are deterministic). So the ledger, which books every state sent,
 matches what the other executors book, and a Flower mod sees exactly what is sent.
+
+Failures are data here as under every executor. Each reply is matched to the message it
+answers (``reply_to_message_id``), never to the node that sent it: the SuperLink itself
+answers for a node that stopped sending heartbeats. An error reply is read by its code
+(``fedkit.flower.internals.error_kind``) and becomes that client's failure of the round
+(``unavailable``, ``timeout``, ``exception``...), which ``failures.jsonl`` records; the
+round goes on while ``federation.min_clients`` answered. A client whose node is gone
+fails at once in later rounds, and before each round the executor looks for nodes it does
+not know (a restarted ``fedkit deploy node`` connects with a new node id) and for known
+ones that lost the run's setup (a restarted node that kept its id): it sets them up and
+has each take back the memory file the server accepted last for its client (the node's
+folder still holds it), so the client goes on from what it kept.
+
+A deployment's nodes keep each run series' files apart, in a folder named by a series id
+the executor picks (the run directory's name and a random part) and sends with the setup.
+A resumed run takes the series of the files its checkpoint names and sends it with
+``adopt``, so resumes of one run write into one folder and no two runs share one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,7 +52,8 @@ from fedkit.core.executor import Population, StoreSpec
 from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, EvalResult
 from fedkit.core.setup_data import describe
 from fedkit.errors import FedkitError, RecipeError
-from fedkit.flower.node import ROUND_OF_FILE, TEMPLATE
+from fedkit.flower.internals import error_kind
+from fedkit.flower.node import ROUND_OF_FILE, TEMPLATE, NodeNotSetUp
 from fedkit.flower.records import (
     eval_content,
     eval_result_of,
@@ -57,6 +77,14 @@ POLL = 0.05
 SETUP_WAIT = 600.0
 """Seconds nodes have to set up their clients, when ``federation.client_timeout`` is not
 set (a node that was registered once but is gone never answers)."""
+
+JOIN_WAIT = 30.0
+"""Seconds a round waits at most for nodes that (re)joined to set up and take back their
+client's memory (``federation.client_timeout`` when shorter); one that answers later is
+set up before a later round."""
+
+Failure = tuple[str, str]
+"""A client's failure: its kind and its reason."""
 
 
 class Link(Protocol):
@@ -92,6 +120,7 @@ class FlowerExecutor:
         else:
             self.link = SimulationLink(recipe.data.num_clients, recipe.engine)
         self.grid, self.timeout = self.link.grid, recipe.federation.client_timeout
+        self.clients = recipe.data.num_clients
         self.settled: dict[int, list[int]] = {}
         self.everything: set[int] = set()
         self.manifest: dict[int, dict[str, Any]] = {}
@@ -99,25 +128,92 @@ class FlowerExecutor:
         self.checkpoints: list[dict[int, dict[str, Any]]] = []
         self.wire = {"down": 0, "up": 0}
         self.messages = 0
-        self.nodes = self._setup(setup, store.folder, population)
+        self.series = new_series(store.folder) if self.link.remote else None
+        self.lost: dict[int, str] = {}
+        """Clients whose node is gone or lost the run's setup, and why (set up again, on
+        the same node id or a new one, before a later round)."""
+        self.idle: set[int] = set()
+        """Node ids that hold no client of this run (or refused it)."""
+        self.joining: dict[str, int] = {}
+        """Setup messages not answered yet, by id: the node each went to."""
+        refuse_uninstalled(setup)
+        self.setup_message = setup_content(
+            setup, population, store.folder, uuid.uuid4().hex, self.series
+        )
+        self.nodes = self._setup()
         self.client_of = {node: cid for cid, node in self.nodes.items()}
 
-    def _send(self, kind: str, contents: dict[int, Any], timeout: float | None = None) -> dict:
-        """Send one message per client; the replies that came back in time, by client."""
+    def _push(self, messages: list[Any], owners: list[int]) -> tuple[dict[str, int], list[int]]:
+        """Push the messages: the id of each one the SuperLink took, mapped to its owner
+        (a client, or a node id), and the owners of those it refused (Flower answers an
+        id per message, in order, empty for a refused one)."""
+        if not messages:
+            return {}, []
+        ids = list(self.grid.push_messages(messages))
+        if len(ids) != len(messages):  # a grid that leaves refused ones out
+            taken = set(ids)
+            ids = [m.metadata.message_id for m in messages]
+            ids = [mid if mid in taken else "" for mid in ids]
+        waiting = {mid: owner for mid, owner in zip(ids, owners, strict=True) if mid}
+        return waiting, [owner for mid, owner in zip(ids, owners, strict=True) if not mid]
 
-        sent = []
+    def _pull(
+        self, waiting: dict[str, int], timeout: float | None, enough: Any = lambda: False
+    ) -> Iterator[tuple[int, Any]]:
+        """(owner, reply) for each reply to a message in ``waiting`` (which it empties as
+        they come), pulling every ``POLL`` seconds until all came, ``timeout`` passed or
+        ``enough()``; each reply is matched to the message it answers, whoever sent it
+        (Flower's own ``send_and_receive`` waits 3 s between pulls)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while waiting:
+            for reply in self.grid.pull_messages(list(waiting)):
+                owner = waiting.pop(reply.metadata.reply_to_message_id, None)
+                if owner is not None:
+                    yield owner, reply
+            if not waiting or enough() or (end is not None and time.monotonic() >= end):
+                return
+            time.sleep(POLL)
+
+    def _send(
+        self, kind: str, contents: dict[int, Any], timeout: float | None = None
+    ) -> tuple[dict[int, Any], dict[int, Failure]]:
+        """Send one message per client: the replies that came back in time, by client,
+        and each client's failure (an error reply, a node that is gone, a message the
+        SuperLink refused). A client in neither did not answer in time."""
+        failed: dict[int, Failure] = {}
+        sent, owners = [], []
         for cid, content in contents.items():
+            if cid in self.lost or cid not in self.nodes:
+                failed[cid] = ("unavailable", self.lost.get(cid, "no node holds this client"))
+                continue
             self.wire["down"] += wire_bytes(content)
             sent.append(Message(content, dst_node_id=self.nodes[cid], message_type=kind))
+            owners.append(cid)
         self.messages += len(sent)
+        waiting, refused = self._push(sent, owners)
+        for cid in refused:
+            failed[cid] = ("unavailable", "the SuperLink did not take the message for its node")
         replies = {}
-        for reply in self._exchange(sent, timeout):
-            cid = self.client_of[reply.metadata.src_node_id]
-            if not reply.has_error():
-                self.wire["up"] += wire_bytes(reply.content)
-                self._audit(kind, cid, reply.content)
+        for cid, reply in self._pull(waiting, timeout):
+            if reply.has_error():
+                failed[cid] = self._failure(cid, reply.error)
+                continue
+            self.wire["up"] += wire_bytes(reply.content)
+            self._audit(kind, cid, reply.content)
             replies[cid] = reply
-        return replies
+        return replies, failed
+
+    def _failure(self, client: int, error: Any) -> Failure:
+        """The failure an error reply means, by its code (not by who sent it); a client
+        whose node is gone or lost the run's setup is set up again before a later round."""
+        kind, what = error_kind(error.code)
+        reason = str(error.reason)
+        if NodeNotSetUp.__name__ in reason:
+            self.lost[client] = "its node restarted and lost the run's setup"
+            return "unavailable", f"{self.lost[client]} (it is set up again before its next round)"
+        if kind == "unavailable":
+            self.lost[client] = f"{what} (its node stopped answering the SuperLink)"
+        return kind, reason if kind == "exception" else f"{what}: {reason}"
 
     @staticmethod
     def _audit(kind: str, client: int, content: Any) -> None:
@@ -137,43 +233,27 @@ class FlowerExecutor:
             handle.write(json.dumps(line) + "\n")
 
     def _query(self, contents: dict[int, Any]) -> dict[int, dict[str, Any]]:
-        """A query per client; the JSON answers (an error reply is the node's failure)."""
+        """A query per client; the JSON answers (a failure is the run's end, with every
+        failed client's reason)."""
 
-        answers = {}
-        for cid, reply in self._send("query", contents, self.timeout).items():
-            if reply.has_error():
-                raise FedkitError(f"client {cid}'s node failed: {reply.error.reason}")
-            answers[cid] = get_meta(reply.content)
-        missing = sorted(set(contents) - set(answers))
+        replies, failed = self._send("query", contents, self.timeout)
+        problems = [f"client {cid}: {kind}: {error}" for cid, (kind, error) in failed.items()]
+        missing = sorted(set(contents) - set(replies) - set(failed))
         if missing:
-            raise FedkitError(f"clients {missing} did not answer within federation.client_timeout")
-        return answers
+            problems.append(f"clients {missing} did not answer within federation.client_timeout")
+        if problems:
+            raise FedkitError("the nodes could not answer: " + "; ".join(problems))
+        return {cid: get_meta(reply.content) for cid, reply in replies.items()}
 
-    def _setup(
-        self, setup: ClientSetup, folder: Path | None, population: Population
-    ) -> dict[int, int]:
+    def _setup(self) -> dict[int, int]:
         """Set every node up for this run; which node holds which client (node ids are
-        Flower's random numbers, a node's client is its ``partition-id``)."""
-        recipe = setup.recipe
-        refuse_uninstalled(setup)
-        content = setup_content(setup, population, folder, uuid.uuid4().hex)
+        Flower's random numbers, a node's client is its ``partition-id``). A node that
+        refuses stops the run; one that is gone is left out."""
         nodes = list(self.grid.get_node_ids())
-        self.wire["down"] += wire_bytes(content) * len(nodes)
-        ids = set(self.grid.push_messages([self._message(content, node) for node in nodes]))
-        clients, found = recipe.data.num_clients, dict[int, int]()
-        deadline = time.monotonic() + (self.timeout or SETUP_WAIT)
-        while ids and len(found) < clients and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages(list(ids)):
-                ids.discard(reply.metadata.reply_to_message_id)
-                if reply.has_error():
-                    raise FedkitError(
-                        f"a Flower node could not set up its client: {reply.error.reason}"
-                    )
-                client = get_meta(reply.content)["client"]
-                if client is not None:
-                    found[int(client)] = reply.metadata.src_node_id
-            time.sleep(POLL)
-        clients = recipe.data.num_clients
+        found, refusals = self._set_up(nodes, self.timeout or SETUP_WAIT, everyone=False)
+        if refusals:
+            raise FedkitError(f"a Flower node could not set up its client: {refusals[0]}")
+        clients = self.clients
         missing = sorted(set(range(clients)) - set(found))
         if missing:
             raise FedkitError(
@@ -182,20 +262,95 @@ class FlowerExecutor:
             )
         return found
 
-    def _exchange(self, messages: list[Any], timeout: float | None) -> list[Any]:
-        """Push the messages, then pull replies every ``POLL`` seconds until all came or
-        ``timeout`` passed (Flower's own ``send_and_receive`` waits 3 s between pulls)."""
-        ids = set(self.grid.push_messages(messages))
-        end = None if timeout is None else time.monotonic() + timeout
-        replies: list[Any] = []
-        while ids:
-            for reply in self.grid.pull_messages(list(ids)):
-                ids.discard(reply.metadata.reply_to_message_id)
-                replies.append(reply)
-            if not ids or (end is not None and time.monotonic() >= end):
-                break
-            time.sleep(POLL)
-        return replies
+    def _set_up(
+        self, nodes: list[int], wait: float, everyone: bool = True
+    ) -> tuple[dict[int, int], list[str]]:
+        """Send the run's setup to ``nodes`` and wait up to ``wait`` seconds for them (or,
+        unless ``everyone``, until every client is found): ``_collect``'s answer."""
+        self.wire["down"] += wire_bytes(self.setup_message) * len(nodes)
+        messages = [self._message(self.setup_message, node) for node in nodes]
+        self.joining.update(self._push(messages, nodes)[0])
+        asked = set(nodes)
+        if everyone:
+            return self._collect(wait, lambda found: not asked & set(self.joining.values()))
+        return self._collect(wait, lambda found: len(found) >= self.clients)
+
+    def _collect(self, wait: float, enough: Any) -> tuple[dict[int, int], list[str]]:
+        """Answers to the setups sent (``joining``), pulled until ``enough(found)`` or
+        ``wait`` seconds passed: the client each node holds (the first node to answer for
+        a client), and the refusals. A node that answered with no client, or refused, is
+        ``idle``; one that is gone is dropped; one yet to answer stays ``joining``."""
+        found: dict[int, int] = {}
+        refusals: list[str] = []
+        for node, reply in self._pull(self.joining, wait, lambda: enough(found)):
+            if reply.has_error():
+                if error_kind(reply.error.code)[0] != "unavailable":
+                    refusals.append(str(reply.error.reason))
+                    self.idle.add(node)
+                continue
+            client = get_meta(reply.content)["client"]
+            if client is None or not 0 <= int(client) < self.clients or int(client) in found:
+                self.idle.add(node)
+            else:
+                found[int(client)] = node
+        return found, refusals
+
+    def _rejoin(self) -> None:
+        """Before a round: clients whose node is no longer connected are ``lost``; nodes
+        the executor does not know (a node that restarted gets a new id) and the nodes of
+        lost clients that are connected again are set up and take back their client's
+        memory. The newest node for a client holds it (its former node may still look
+        connected for a minute after a kill -9: the SuperLink waits two heartbeats)."""
+        current = set(self.grid.get_node_ids())
+        self.idle &= current  # one that left and comes back is asked again
+        for cid, node in self.nodes.items():
+            if node not in current and cid not in self.lost:
+                self.lost[cid] = "node unavailable (its node is no longer connected)"
+        known = set(self.client_of) | self.idle | set(self.joining.values())
+        fresh = [n for n in sorted(current) if n not in known]
+        fresh += [
+            node
+            for c in sorted(self.lost)
+            if (node := self.nodes.get(c)) in current and node not in self.joining.values()
+        ]
+        if fresh:
+            found, refusals = self._set_up(fresh, min(JOIN_WAIT, self.timeout or JOIN_WAIT))
+        elif self.joining:
+            found, refusals = self._collect(0.0, lambda found: False)
+        else:
+            return
+        for reason in refusals:
+            print(f"fedkit: a Flower node that joined refused the run: {reason}", flush=True)
+        for client, node in sorted(found.items()):
+            self._join(client, node)
+
+    def _join(self, client: int, node: int) -> None:
+        """Have ``node`` hold ``client``: it takes back the memory the server accepted
+        last (and writes into the run's series). Then what belonged to the former node
+        (the memory it staged) is forgotten and the former node is idle. A newcomer that
+        cannot take the memory back leaves a client whose node still answers where it
+        was; a lost client stays lost, with the reason."""
+        former, was_lost = self.nodes.get(client), self.lost.pop(client, None)
+        self.nodes[client] = node
+        entry = self.manifest.get(client)
+        ask = {client: message({"action": "adopt", "entry": entry, "series": self.series})}
+        try:
+            problem = self._query(ask)[client]["error"]
+        except FedkitError as exc:
+            problem = str(exc)
+        if problem and was_lost is None and former not in (None, node):
+            self.nodes[client] = former
+            self.lost.pop(client, None)  # a failed query marks the client, not its node
+            self.idle.add(node)
+            print(f"fedkit: a node joined for client {client} but {problem}", flush=True)
+            return
+        if former is not None and former != node:
+            self.client_of.pop(former, None)
+            self.idle.add(former)
+        self.client_of[node] = client
+        self.settled.pop(client, None)
+        if problem:
+            self.lost[client] = f"its node could not take back its memory: {problem}"
 
     @staticmethod
     def _message(content: Any, node: int) -> Any:
@@ -210,6 +365,7 @@ class FlowerExecutor:
 
     def run(self, jobs: list[ClientJob]) -> Iterator[ClientResult]:
 
+        self._rejoin()
         pending = {job.client: (job, self._offered(job)) for job in jobs}
         began = time.monotonic()
         while pending:
@@ -220,16 +376,16 @@ class FlowerExecutor:
             left = (
                 None if self.timeout is None else max(0.0, began + self.timeout - time.monotonic())
             )
-            replies = self._send("train", contents, left)
+            replies, failed = self._send("train", contents, left)
             again = {}
             for cid, (job, sent) in pending.items():
                 reply = replies.get(cid)
+                if cid in failed:
+                    yield ClientResult.failed(cid, *failed[cid], sorted(sent))
+                    continue
                 if reply is None:
                     error = f"no answer within federation.client_timeout ({self.timeout:g} s)"
                     yield ClientResult.failed(cid, "timeout", error, sorted(sent))
-                    continue
-                if reply.has_error():
-                    yield ClientResult.failed(cid, "exception", reply.error.reason, sorted(sent))
                     continue
                 try:
                     result, need = read_reply(reply.content, result_of, cid, len(job.offers))
@@ -254,15 +410,15 @@ class FlowerExecutor:
             job.client: eval_content(job, self.settled.get(job.client), self.prune(job.client))
             for job in jobs
         }
-        replies = self._send("evaluate", contents, self.timeout)
+        replies, failed = self._send("evaluate", contents, self.timeout)
         for job in jobs:
             reply = replies.get(job.client)
-            if reply is None:
+            if job.client in failed:
+                yield EvalResult(job.client, {}, *failed[job.client])
+            elif reply is None:
                 yield EvalResult(
                     job.client, {}, "timeout", "no answer within federation.client_timeout"
                 )
-            elif reply.has_error():
-                yield EvalResult(job.client, {}, "exception", reply.error.reason)
             else:
                 try:
                     yield read_reply(reply.content, eval_result_of, job.client)
@@ -295,10 +451,16 @@ class FlowerExecutor:
 
     def adopt(self, folder: Path, files: dict[int, dict[str, str]]) -> None:
         """Every node takes back the memory the checkpoint names for its client (or
-        forgets what it kept, when the checkpoint names none)."""
+        forgets what it kept, when the checkpoint names none), and writes from now on
+        into the run series of those files."""
 
         entries = {cid: files.get(cid) for cid in self.nodes}
-        asks = {cid: message({"action": "adopt", "entry": e}) for cid, e in entries.items()}
+        if self.series is not None:
+            self.series = series_of(e for e in entries.values() if e) or self.series
+        asks = {
+            cid: message({"action": "adopt", "entry": e, "series": self.series})
+            for cid, e in entries.items()
+        }
         problems = [f"client {c}: {a['error']}" for c, a in self._query(asks).items() if a["error"]]
         if problems:
             raise FedkitError("the nodes could not restore the checkpoint: " + "; ".join(problems))
@@ -336,21 +498,42 @@ def read_reply(content: RecordDict, read: Any, client: int, pool: int | None = N
     return found
 
 
+def new_series(folder: Path | None) -> str:
+    """A new run series id: the run directory's name (``folder`` is its client folder)
+    and a random part, as a node's folder name (``fedkit.flower.node.SERIES``)."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", folder.parent.name if folder else "").strip("-")
+    return f"{name[:40] or 'run'}-{uuid.uuid4().hex[:8]}"
+
+
+def series_of(entries: Iterable[dict[str, Any]]) -> str | None:
+    """The run series most of a checkpoint's files are in (``None``: none is in one,
+    as a checkpoint written before series were)."""
+    found = Counter(str(e["file"]).rpartition("/")[0] for e in entries)
+    found.pop("", None)
+    return found.most_common(1)[0][0] if found else None
+
+
 def setup_content(
-    setup: ClientSetup, population: Population, folder: Path | None, token: str
+    setup: ClientSetup,
+    population: Population,
+    folder: Path | None,
+    token: str,
+    series: str | None = None,
 ) -> RecordDict:
     """The ``setup`` query the server sends every node at a run's start, all of it data:
     the setup's JSON part (``fedkit.core.setup_data.describe``: the recipe, key lists),
     the federation's classes and normalisation statistics (a node builds its client's
     data with them, and a site that brings its own images maps its folders onto them,
-    ``fedkit.data.site``), and the template's tensors. The node rebuilds the model with
-    the plugins installed on it; one it does not run refuses the setup."""
+    ``fedkit.data.site``), the run series a deployed node keeps its files under, and
+    the template's tensors. The node rebuilds the model with the plugins installed on
+    it; one it does not run refuses the setup."""
     shared = population.clients[0].train
     meta = {
         "action": "setup",
         "token": token,
         "setup": describe(setup),
         "folder": str(folder) if folder is not None else None,
+        "series": series,
         "classes": list(shared.classes),
         "stats": [list(shared.mean), list(shared.std)],
     }

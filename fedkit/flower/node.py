@@ -9,7 +9,13 @@ A ``Node`` answers the server's messages (``fedkit.flower.records`` says how the
 * ``evaluate``: the client's personal model scored on its own test data (scores only);
 * ``query``: ``setup`` (once per run: the recipe and the client setup; the node answers
   which client it holds and how many samples it declares) and ``adopt`` (take a
-  checkpoint's file back after a resume).
+  checkpoint's file back after a resume, or after the node restarted mid-run).
+
+A node with a folder of its own writes each run series' files in a subfolder named by
+the series (``memories/<series>/<client>.r<round>.safetensors``): the server names the
+series in its setup and keeps it across resumes (``adopt`` names it again), so two runs
+on the same nodes never overwrite each other's files. The entries the server records
+name files relative to the node's memory folder, series included.
 
 Every message may carry ``prune``: the round below which no checkpoint the server keeps,
 or may still fall back to, names a file of this client. The node removes its client's
@@ -83,11 +89,32 @@ from fedkit.rundir.store import (
 
 KEPT, STAGED = "fedkit.memory", "fedkit.staged"
 ROUND_OF_FILE = re.compile(r"\.r(\d+)\.")
+SERIES = re.compile(r"[A-Za-z0-9_-]{1,80}")
+"""What a run series' folder name may be (the server picks it; a node checks it)."""
+ENTRY = re.compile(r"(?:([A-Za-z0-9_-]{1,80})/)?(\d+)\.r(\d+)" + re.escape(SUFFIX))
+"""A memory file a server may name: ``[<series>/]<client>.r<round>.safetensors``."""
+
+
+class NodeNotSetUp(FedkitError, RuntimeError):
+    """The node holds no setup for the run a message belongs to: its process restarted
+    (or served another run since). The server sets it up again and has it take back its
+    client's memory (``fedkit.flower.flower_executor``), which it tells by this name; the
+    node logs it as one line (an expected event, not a bug)."""
+
+
+def checked_series(value: Any) -> str | None:
+    """The run series a server named (``None``: files go straight into the folder)."""
+    if value is None or (isinstance(value, str) and SERIES.fullmatch(value)):
+        return value
+    raise FedkitError(
+        f"the server named memory series {value!r}: expected 1-80 letters, digits, - or _"
+    )
 
 
 class Node:
     """One client behind a Flower node (see the module docstring). ``folder`` is where
-    the node writes the client's memories (its own disk)."""
+    the node keeps the client's memories (its own disk), in the subfolder ``series``
+    when one is given; the files it names are relative to ``folder``."""
 
     def __init__(
         self,
@@ -96,8 +123,10 @@ class Node:
         folder: Path | None,
         benchmark: Callable[[], Benchmark | None] = lambda: None,
         by_name: bool = False,
+        series: str | None = None,
     ) -> None:
         self.worker, self.data, self.folder = worker, data, folder
+        self.series = checked_series(series)
         self._benchmark = benchmark
         self.by_name = by_name and folder is not None
         """The state names the memory's file in ``folder`` instead of holding its bytes."""
@@ -127,7 +156,7 @@ class Node:
             return eval_result_content(self.worker.evaluate(job, self.data, memory, self.benchmark))
         action = meta["action"]
         if action == "adopt":
-            return message({"error": self.adopt(state, meta["entry"])})
+            return message({"error": self.adopt(state, meta["entry"], meta.get("series"))})
         raise ValueError(f"unknown query {action!r}")
 
     def train(self, content: RecordDict, state: RecordDict) -> RecordDict:
@@ -159,14 +188,19 @@ class Node:
             return memory_of_bytes((self.folder / str(record["file"])).read_bytes())
         return memory_of_bytes(record["bytes"])
 
+    def name(self, round: int) -> str:
+        """The file of this client's memory after ``round``, relative to ``folder``."""
+        name = memory_file(self.data.id, round)
+        return f"{self.series}/{name}" if self.series else name
+
     def write(self, raw: bytes, round: int) -> dict[str, str] | None:
         """Write a new memory to the node's folder as the client trains (so a checkpoint
         asks the node nothing); its entry, the file name and hash the server records once
         it accepts the result. ``None`` without a folder (a run without a directory)."""
         if self.folder is None:
             return None
-        name = memory_file(self.data.id, round)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        name = self.name(round)
+        (self.folder / name).parent.mkdir(parents=True, exist_ok=True)
         write_bytes(self.folder / name, raw)
         return {"file": name, "sha256": sha256_bytes(raw)}
 
@@ -175,27 +209,41 @@ class Node:
         removed (no checkpoint names it)."""
         dropped = settle(state, settled)
         if dropped is not None and self.folder is not None and dropped != kept_round(state):
-            (self.folder / memory_file(self.data.id, dropped)).unlink(missing_ok=True)
+            (self.folder / self.name(dropped)).unlink(missing_ok=True)
 
     def prune(self, state: RecordDict, below: int | None) -> None:
-        """Remove this client's files of rounds before ``below`` (never the kept one's)."""
+        """Remove this client's files of rounds before ``below`` in the run series' folder
+        (never the kept one's; another series' files are another run's)."""
         if below is None or self.folder is None:
             return
         keep = kept_round(state)
-        for path in self.folder.glob(f"{self.data.id}.r*{SUFFIX}"):
+        where = self.folder / self.series if self.series else self.folder
+        for path in where.glob(f"{self.data.id}.r*{SUFFIX}"):
             match = ROUND_OF_FILE.search(path.name)
             if match and int(match.group(1)) < below and int(match.group(1)) != keep:
                 path.unlink(missing_ok=True)
 
-    def adopt(self, state: RecordDict, entry: dict[str, str] | None) -> str | None:
+    def adopt(
+        self, state: RecordDict, entry: dict[str, str] | None, series: str | None = None
+    ) -> str | None:
         """Take back the memory a checkpoint names (none: the client had not trained by
-        then); an error text when the node's file is missing or damaged."""
+        then) and write new files in ``series`` from now on (the run's, kept across
+        resumes); an error text when the entry names no file of this client, or the
+        node's file is missing or damaged."""
         state.pop(STAGED, None)
         state.pop(KEPT, None)
+        if series is not None:
+            self.series = checked_series(series)
         if entry is None:
             return None
         if self.folder is None:
             return f"the node has no memory folder to take {entry['file']} back from"
+        found = ENTRY.fullmatch(str(entry["file"]))
+        if found is None or int(found.group(2)) != self.data.id:
+            return (
+                f"the server named {entry['file']!r}, not a memory file of client "
+                f"{self.data.id} ([<series>/]{self.data.id}.r<round>{SUFFIX})"
+            )
         path = self.folder / entry["file"]
         try:
             raw = path.read_bytes()
@@ -296,7 +344,7 @@ class NodeHost:
     def node(self, state: RecordDict, partition: int) -> Node | None:
         """The node's client in the run its state names (built on first use here)."""
         if RUN not in state:
-            raise RuntimeError("this node has not been set up for a run")
+            raise NodeNotSetUp("this node has not been set up for the run (it restarted)")
         token = str(state[RUN]["token"])
         if (token, partition) not in self.nodes:
             run = self.run(token, state)
@@ -304,6 +352,7 @@ class NodeHost:
             if partition >= recipe.data.num_clients:
                 self.nodes[token, partition] = None
             elif self.site is not None:
+                series = run["series"]
                 classes, (mean, std) = run["meta"]["classes"], run["meta"]["stats"]
                 data = load_site(self.site, recipe.data, partition, classes, mean, std, recipe.seed)
                 print(
@@ -313,8 +362,9 @@ class NodeHost:
                     flush=True,
                 )
                 self.nodes[token, partition] = Node(
-                    run["worker"], data, run["folder"], by_name=self.folder is not None
-                )
+                    run["worker"], data, run["folder"], by_name=self.folder is not None,
+                    series=series if self.folder is not None else None,
+                )  # fmt: skip
             elif self.folder is not None:  # deployed: this client's images alone
                 regs, meta = registries(), run["meta"]
                 client = build_client_data(
@@ -323,7 +373,7 @@ class NodeHost:
                     stats=meta["stats"], classes=meta["classes"],
                 )  # fmt: skip
                 self.nodes[token, partition] = Node(
-                    run["worker"], client, run["folder"], by_name=True
+                    run["worker"], client, run["folder"], by_name=True, series=run["series"]
                 )
             else:
                 client = run["data"].client(partition)
@@ -356,9 +406,10 @@ class NodeHost:
             return self.runs[token]
         if template is None:
             if TEMPLATE not in state:
-                raise RuntimeError(
-                    "this node's process no longer holds the run's setup; resume the run"
-                    " (fedkit deploy run with the same --out) to set the node up again"
+                raise NodeNotSetUp(
+                    "this node's process no longer holds the run's setup; the server sets"
+                    " it up again before its next round (or resume the run: fedkit deploy"
+                    " run with the same --out)"
                 )
             template = state_of(state[TEMPLATE], str(state[SETUP]["layout"]))
 
@@ -371,7 +422,11 @@ class NodeHost:
         threads(client_threads_count(recipe))
         folder = self.folder if self.folder is not None else _path(meta.get("folder"))
         if self.site is not None or self.folder is not None:  # one client's data, built per node
-            found = {"setup": setup, "worker": Worker(setup), "folder": folder, "meta": meta}
+            series = checked_series(meta.get("series"))
+            found = {
+                "setup": setup, "worker": Worker(setup), "folder": folder, "meta": meta,
+                "series": series,
+            }  # fmt: skip
             self.runs[token] = found
             return found
         regs = registries()

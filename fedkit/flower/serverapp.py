@@ -8,6 +8,9 @@ text, or a shipped recipe's name), the run directory (a name under the operator'
 them, and a refusal is one line in the run's log naming the key. An ``out`` that already
 holds a checkpoint is resumed (the nodes adopt their own files). The ServerApp works in
 the run directory, so a relative path a plugin writes (a TensorBoard logdir) lands there.
+It prints a line per round as ``fedkit run`` does, writes ``report.html`` at the end,
+and, when the run fails, one last ``fedkit: ...`` line saying why, which
+``fedkit deploy run`` repeats as it exits non-zero.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedkit.cli.progress import CHECKPOINTED, LineReporter
 from fedkit.core import runs
 from fedkit.errors import FedkitError
 from fedkit.flower.flower_executor import use_link
@@ -40,13 +44,14 @@ class DeploymentLink:
 
     remote = True
 
-    def __init__(self, grid: Grid, nodes: int, wait: float = NODE_WAIT) -> None:
+    def __init__(self, grid: Grid, nodes: int, wait: float | None = None) -> None:
         self.grid = grid
+        wait = NODE_WAIT if wait is None else wait
         deadline = time.monotonic() + wait
         while len(list(grid.get_node_ids())) < nodes:
             if time.monotonic() > deadline:
                 found = len(list(grid.get_node_ids()))
-                raise RuntimeError(
+                raise FedkitError(
                     f"{found} of the recipe's {nodes} nodes connected within {wait:g} s: "
                     "start one `fedkit deploy node` per client"
                 )
@@ -76,17 +81,51 @@ def main(grid: Grid, context: Context) -> None:
         print(f"fedkit: refused the run: {error}", flush=True)  # the run's log (flwr log)
         raise
     out = sent.out
-    use_link(DeploymentLink(grid, sent.clients))
+    if sent.recipe is None:
+        print(f"{CHECKPOINTED}{out}: resuming its newest checkpoint", flush=True)
     try:
+        use_link(DeploymentLink(grid, sent.clients))
         with working_in(out):
             if sent.recipe is None:
                 run, done = runs.resume(out, sent.overrides)
             else:
                 run, done = runs.start(sent.recipe, out), 0
-            summary = runs.execute(run, out, done)
-    except Exception:
-        traceback.print_exc()  # into the run's log stream (flwr run --stream, flwr log)
+                print(f"{CHECKPOINTED}{out}: started", flush=True)
+            rounds = run.recipe.federation.rounds
+            summary = runs.execute(run, out, done, LineReporter(rounds))
+    except Exception as error:
+        if not isinstance(error, FedkitError):  # a bug: its traceback, into the run's log
+            traceback.print_exc()  # (flwr run --stream, flwr log)
+        print(f"fedkit: {failure(error)}", flush=True)  # the line `fedkit deploy run` shows
         raise
     finally:
         use_link(None)
-    print(f"fedkit: {out} done after round {summary['rounds']}: {summary['final']}")
+    write_report(out)
+    print(f"{CHECKPOINTED}{out}: done, {summary['rounds']} rounds", flush=True)
+
+
+def failure(error: Exception) -> str:
+    """One line saying why the run stopped: fedkit's own message, or the exception's type
+    and first line (a bug's ``KeyError: 1`` says little without its type)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if isinstance(error, FedkitError):
+        return text or type(error).__name__
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def write_report(out: Path) -> None:
+    """``report.html`` in the run directory, as ``fedkit run`` writes it (unless
+    ``FEDKIT_REPORT=0`` in the SuperLink's environment, as for ``fedkit run``); a server
+    without matplotlib, or a report that fails, gets one line instead: the run is done."""
+    from fedkit.cli.report import write_report as write_page
+
+    if os.environ.get("FEDKIT_REPORT", "").strip().lower() in ("0", "false", "no", "off"):
+        return
+    try:
+        page = write_page(out)
+    except FedkitError as error:  # matplotlib is not installed here
+        print(f"no report: {error}", flush=True)
+    except Exception as error:  # noqa: BLE001 - the run's files are whole; only the page fails
+        print(f"no report: {failure(error)} (fedkit report {out} retries)", flush=True)
+    else:
+        print(f"report: {page}", flush=True)
