@@ -48,10 +48,12 @@ def round_line(metrics: dict[str, Any], rounds: int) -> str:
         if isinstance(value, float):
             parts.append(f"{key} {value:.4f}")
     sent = metrics.get("bytes", {})
-    if sent:
-        parts.append(f"up {human_bytes(sent['up_model'] + sent['up_data'])}")
-        parts.append(f"down {human_bytes(sent['down_model'] + sent['down_data'])}")
-        scored = sum(sent.get(f"eval_{c}", 0) for c in ("model", "aux", "data"))
+    if sent:  # every category the ledger books in each direction (tensors and values)
+        up, down, scored = (
+            sum(v for k, v in sent.items() if k.startswith(f"{d}_")) for d in ("up", "down", "eval")
+        )
+        parts.append(f"up {human_bytes(up)}")
+        parts.append(f"down {human_bytes(down)}")
         if scored:
             parts.append(f"eval {human_bytes(scored)}")
     return "  ".join(parts)
