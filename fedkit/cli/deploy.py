@@ -28,6 +28,10 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from fedkit.cli.progress import CHECKPOINTED
+from fedkit.errors import FedkitError
+from fedkit.plugin.entrypoints import discover
+
 app = typer.Typer(no_args_is_help=True, help="Run recipes on a Flower deployment.")
 
 Insecure = Annotated[bool, typer.Option(help="No TLS (only on a trusted network, e.g. 127.0.0.1).")]
@@ -183,8 +187,6 @@ def allowed_plugins(allow: str | None) -> frozenset[str] | None:
     """``--allow``'s plugin names, each installed here, or a clear error naming it."""
     if allow is None:
         return None
-    from fedkit.plugin.entrypoints import discover
-
     names = frozenset(n.strip() for n in allow.split(",") if n.strip())
     installed = discover()
     unknown = sorted(names - set(installed))
@@ -248,7 +250,6 @@ def run(
 
     from fedkit.config.schema import load_recipe
     from fedkit.config.shipped import resolve
-    from fedkit.errors import FedkitError
     from fedkit.flower.server_root import relative_name
 
     if not relative_name(out):
@@ -377,7 +378,6 @@ def superlink_command(
     environment's bin first on PATH (the SuperLink starts `flower-superexec` and
     `flwr-serverapp` by name). It replaces this process, so a service manager's signals
     reach the SuperLink itself."""
-    from fedkit.errors import FedkitError
     from fedkit.flower.server_root import DATA_ENV, ROOT_ENV, data_root, server_root
 
     binary = tool("flower-superlink")
@@ -563,8 +563,6 @@ class Streamed:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=60))
 
     def note(self, raw: str) -> None:
-        from fedkit.cli.progress import CHECKPOINTED
-
         line = ANSI.sub("", raw).rstrip()
         self.tail.append(line)
         if self.run_id is None and (found := STARTED.search(line)):

@@ -76,9 +76,9 @@ class Run:
     executor: Executor
     evaluator: Evaluator
     data: FederatedData
+    expected: Expected
+    """What the server accepts in a reply (``reply_checks``), found once per run."""
     notes: list[str] = field(default_factory=list)
-    expected: Expected | None = None
-    """What the server accepts in a reply (``reply_checks``), found in the first round."""
     began: float = field(default_factory=time.perf_counter)
     times: dict[str, float] = field(default_factory=dict)
     """The last round's wall time: ``train`` (the clients' jobs as the server waited for
@@ -161,7 +161,8 @@ def prepare(
     population = Population(Clients(data), evaluator.benchmark())
     store = store_spec(recipe, regs, out, data.num_clients * kept_bytes(server.template, kept))
     executor = regs.executors.get(recipe.engine.executor)(setup, population, store)
-    run = Run(recipe, plugins, server, executor, evaluator, data, began=started)
+    expected = Expected.of(server, plugins)
+    run = Run(recipe, plugins, server, executor, evaluator, data, expected, began=started)
     if snapshot is not None:
         restore(run, snapshot)
     return run
@@ -260,8 +261,6 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     server.sampled = metrics["clients"] = sampled
     reporter.round_started(round, sampled)
     results, failures = [], []
-    if run.expected is None:
-        run.expected = Expected.of(server, plugins)
     for result in run.executor.run(jobs(run, sampled)):
         result = receive(server, result, run.expected)
         (results if result.failure is None else failures).append(result)

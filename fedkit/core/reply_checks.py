@@ -32,19 +32,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from fedkit.core.messages import ClientResult, EvalResult
+from fedkit.core.server import Server
 from fedkit.core.worker import non_finite
+from fedkit.plugin.manager import Plugins
 from fedkit.plugin.reported import describe
 from fedkit.plugin.reported import refusal as metrics_refusal
-
-if TYPE_CHECKING:
-    from fedkit.core.server import Server
-    from fedkit.plugin.manager import Plugins
 
 REFUSED = "refused"
 """The failure kind of a reply the server refused."""

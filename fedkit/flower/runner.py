@@ -100,31 +100,15 @@ def serve(
             with internals.connect(superlink, certificates is None, certificates, keys) as conn:
                 connected(conn[0])
                 trouble.over()
-                problem = session(conn, host, partition, series, states, poll, stop, trouble)
+                try:  # returned, not raised: Flower's connection would swallow it
+                    problem = answering(conn, host, partition, series, states, poll, stop, trouble)
+                except NodeStopped as stopped:
+                    problem = stopped
         except internals.NotConnected as error:
             problem = error
         if problem is None:
             return
         trouble.handle(problem)
-
-
-def session(
-    conn: Any,
-    host: NodeHost,
-    partition: int,
-    series: dict[int, str],
-    states: dict[str, RecordDict],
-    poll: float,
-    stop: Callable[[], bool],
-    trouble: Trouble,
-) -> Exception | None:
-    """Answer messages over one connection until ``stop()`` (``None``) or until the
-    connection fails in a way waiting on it cannot mend (that error, returned: Flower's
-    connection would swallow a raised one)."""
-    try:
-        return answering(conn, host, partition, series, states, poll, stop, trouble)
-    except NodeStopped as stopped:
-        return stopped
 
 
 def answering(
@@ -137,7 +121,9 @@ def answering(
     stop: Callable[[], bool],
     trouble: Trouble,
 ) -> Exception | None:
-    """``session``'s loop: pull, answer, push; wait out a SuperLink that does not answer."""
+    """Answer messages over one connection until ``stop()`` (``None``) or until the
+    connection fails in a way waiting on it cannot mend (that error): pull, answer, push,
+    and wait out a SuperLink that does not answer."""
     _node_id, receive, send, get_run, _fab, pull_object, push_object, confirm = conn
     wait = FIRST
     while not stop():

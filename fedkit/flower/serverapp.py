@@ -26,6 +26,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedkit.cli.progress import CHECKPOINTED, LineReporter
+from fedkit.cli.report import write_report as write_page
 from fedkit.core import runs
 from fedkit.errors import FedkitError
 from fedkit.flower.flower_executor import use_link
@@ -117,8 +118,6 @@ def write_report(out: Path) -> None:
     """``report.html`` in the run directory, as ``fedkit run`` writes it (unless
     ``FEDKIT_REPORT=0`` in the SuperLink's environment, as for ``fedkit run``); a server
     without matplotlib, or a report that fails, gets one line instead: the run is done."""
-    from fedkit.cli.report import write_report as write_page
-
     if os.environ.get("FEDKIT_REPORT", "").strip().lower() in ("0", "false", "no", "off"):
         return
     try:
