@@ -325,6 +325,11 @@ def test_replies_the_hooks_cannot_produce_are_refused_too():
         assert refused.failure == "refused" and refused.error.startswith(reason), reason
         assert refused.upload == {} and refused.metrics == {}
     assert reply_checks.checked(bad["fetched"], expected, run.server).fetched == [0]
+    loud = dataclasses.replace(good, failure="exception" * 10, error="x" * 10**6, fetched=[0, 9])
+    failed = reply_checks.checked(loud, expected, run.server)  # a failure is text, kept short
+    assert failed.fetched == [0] and failed.upload == {}
+    assert len(failed.failure) == reply_checks.KIND_LENGTH
+    assert len(failed.error) == reply_checks.ERROR_LENGTH
     half = {k: v.half() if v.is_floating_point() else v for k, v in good.upload.items()}
     compressed = dataclasses.replace(good, upload=half)  # a documented process_upload
     assert reply_checks.refusal(compressed, expected, run.server) is None

@@ -20,6 +20,8 @@ sent and may send. A training reply (``ClientResult``) is accepted only when:
 * its reported values are typed as ``fedkit.plugin.reported`` requires.
 
 An evaluation reply (``EvalResult``) is accepted when its scores are typed likewise. A
+failed reply keeps only the valid clusters it says it fetched (the ledger books those),
+and its kind and error text cut to ``KIND_LENGTH`` and ``ERROR_LENGTH`` characters. A
 refused reply becomes a failed one of kind ``refused`` whose error names the key and what
 was expected: it is recorded in the row's ``failures`` and ``failures.jsonl`` like any
 failed client, and the round goes on while ``federation.min_clients`` answered. What the
@@ -51,6 +53,9 @@ EXTRA_FACTOR = 8
 template's bytes, in at most this many times as many keys as the template has."""
 KEY_LENGTH = 512
 """The longest name of an auxiliary or data-derived key (characters)."""
+KIND_LENGTH, ERROR_LENGTH = 32, 2000
+"""A failed reply's kind and error text are cut to these lengths (characters): they are
+text a client chose, written to the metrics row and ``failures.jsonl``."""
 
 
 @dataclass(frozen=True)
@@ -164,14 +169,18 @@ def refusal(result: ClientResult, expected: Expected, server: Server) -> str | N
 def checked(result: ClientResult, expected: Expected, server: Server) -> ClientResult:
     """The reply as accepted, or a failed one of kind ``refused`` (keeping the clusters it
     fetched when they are valid, so the ledger books what was sent to it)."""
-    if result.failure is not None:
-        return result
-    reason = refusal(result, expected, server)
-    if reason is None:
-        return result
     clusters = len(server.pool)
     fetched = result.fetched if isinstance(result.fetched, list) else []
     valid = list(dict.fromkeys(c for c in fetched if _index(c, clusters)))
+    if result.failure is not None:  # what a failed client says is text, kept short
+        failed = ClientResult.failed(
+            result.client, str(result.failure)[:KIND_LENGTH], str(result.error)[:ERROR_LENGTH],
+            valid,
+        )  # fmt: skip
+        return replace(failed, retried=str(result.retried)[:ERROR_LENGTH])
+    reason = refusal(result, expected, server)
+    if reason is None:
+        return result
     refused = ClientResult.failed(result.client, REFUSED, reason, valid)
     return replace(refused, retried=result.retried)
 
@@ -179,7 +188,8 @@ def checked(result: ClientResult, expected: Expected, server: Server) -> ClientR
 def checked_scores(result: EvalResult) -> EvalResult:
     """An evaluation reply as accepted, or a failed one of kind ``refused``."""
     if result.failure is not None:
-        return result
+        kind, error = str(result.failure)[:KIND_LENGTH], str(result.error)[:ERROR_LENGTH]
+        return EvalResult(result.client, {}, kind, error, str(result.retried)[:ERROR_LENGTH])
     reason = metrics_refusal(result.metrics)
     if reason is None:
         return result
