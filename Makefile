@@ -10,7 +10,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format reference docs clean
+.PHONY: demo test check lint format reference docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ demo: $(STAMP)
 # Files go out in collection order, the slowest first (tests/conftest.py).
 test: $(STAMP) lint
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -n $${TEST_WORKERS:-3} --dist loadfile --no-loadscope-reorder
+
+# The loop between edits: ruff, then every test not marked `slow`, i.e. none that starts a
+# subprocess, Ray or Flower, builds a wheel, runs a tutorial or takes over about 1.5 s
+# (tests/test_test_layout.py keeps process-starting tests marked). About a minute on 2
+# cores against `make test`'s ten; `make test` stays the whole suite and what CI runs.
+# Two workers, not three: these tests never wait on a process, so a third only adds its
+# imports (9 s more, measured); tests go out one at a time (xdist's default), not by file.
+check: $(STAMP) lint
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -m "not slow" -n $${CHECK_WORKERS:-2}
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

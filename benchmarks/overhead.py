@@ -37,7 +37,7 @@ from fedkit.core.engine import Run, prepare, rounds
 from fedkit.models.backbones import build_classifier, logits
 from fedkit.ssl.augment import TwoViewAugment
 from fedkit.testing import tiny_recipe
-from fedkit.training import make_optimizer
+from fedkit.training import make_optimizer, round_lr
 
 CASES: dict[str, dict[str, Any]] = {
     "quickstart": {
@@ -232,7 +232,7 @@ def bare_client(
     model.load_state_dict(state)
     mark("load_state_dict")
     model.train()
-    optimizer = make_optimizer(model.parameters(), cfg, round_number)
+    optimizer = make_optimizer(model.parameters(), cfg.optimizer, round_lr(cfg, round_number))
     for _ in range(cfg.local_epochs):
         order = torch.randperm(len(labels), generator=generator)
         for start in range(0, len(labels), cfg.batch_size):
@@ -327,7 +327,7 @@ def bare_fedu(run: Run) -> Callable[[], Callable[[], None]]:
                                 load["target_" + k] = v
                     model.load_state_dict(load)
                     model.train()
-                    optimizer = make_optimizer(params, cfg, r)
+                    optimizer = make_optimizer(params, cfg.optimizer, round_lr(cfg, r))
                     for _ in range(cfg.local_epochs):
                         order = torch.randperm(len(images), generator=generator)
                         stop = len(images) - len(images) % cfg.batch_size

@@ -63,6 +63,48 @@ class PluginError(Exception):
         )
 
 
+MIGRATION = "docs/decisions/0012-fedkit-1-architecture.md"
+
+V2_HABITS: dict[str, tuple[str, str]] = {
+    "import": ("M1-M12", "fedkit 0.3 moved its modules: import from fedkit"),
+    "configure(recipe)": ("M14", "take (server) and read server.recipe"),
+    "private_keys(recipe)": ("M15", "take (server, model) and read server.recipe"),
+    "kept_keys(recipe)": ("M15", "take (server, model) and read server.recipe"),
+    "auxiliary_keys(recipe)": ("M16", "take (server) and read server.recipe"),
+    "round_end(metrics)": ("M17", "take (server) and report with server.log(name=value)"),
+    "evaluate returned": ("M18", "report with server.log(name=value) and return None"),
+    "local_train returned": ("M19", "report with ctx.log(name=value) and return True"),
+    "after_local_train returned": ("M20", "report with ctx.log(name=value) and return None"),
+    "claimed None": ("M21", "claim fedkit.DROP to remove a key, or leave the key out"),
+    "Server.data": (
+        "M22-M24",
+        "a server holds no client data: use server.num_classes, server.classes, "
+        "server.own_data, and score clients' data on the clients (evaluate_client)",
+    ),
+    "Objective.loss": (
+        "M30",
+        "an objective's loss returns (loss, outputs): take the loss with fedkit.split_loss",
+    ),
+}
+"""What contract v2 plugins did that v3 removed or changed: the migration table's row
+(decision 0012) and what to write instead, for the errors a v2 plugin gets."""
+
+
+class ContractChanged(FedkitError):
+    """A plugin does something contract v2 allowed and v3 removed or changed (one line)."""
+
+    @classmethod
+    def of(cls, plugin: str, where: str, habit: str) -> ContractChanged:
+        """The error for ``plugin`` at ``where`` (a hook, an attribute) doing ``habit``."""
+        return cls(f"plugin {plugin!r}, {where}: {since_v3(habit)}")
+
+
+def since_v3(habit: str) -> str:
+    """What contract v3 wants instead of a v2 ``habit``, citing the migration table's row."""
+    row, instead = V2_HABITS[habit]
+    return f"contract v3 changed this: {instead} (migration table row {row}, {MIGRATION})"
+
+
 class ClaimConflict(FedkitError):
     """Two active plugins claimed the same key in one key-level hook."""
 

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from fedkit.config.schema import validate
-from fedkit.core.ledger import METRIC_FIELDS
 from fedkit.core.preflight import check
 from fedkit.core.runs import Loaded, RunResult, run
+from fedkit.plugin.ledger import METRIC_FIELDS
 from fedkit.plugin.manager import Plugins
 from fedkit.plugin.registry import discover
 

@@ -12,16 +12,24 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from fedkit import ClientContext, Objective, PluginOptions, Server
-from fedkit.models import create_backbone
-from fedkit.models.backbones import feature_dim
-from fedkit.models.heads import mlp
-from fedkit.plugin.keys import under
-from fedkit.ssl.ema import ema_update
-from fedkit.ssl.local import TwoViewLoss, two_view_objective
-from fedkit.ssl.losses import byol_symmetric
+from fedkit import (
+    ClientContext,
+    Objective,
+    PluginOptions,
+    Server,
+    TwoViewLoss,
+    byol_symmetric,
+    create_backbone,
+    ema_update,
+    feature_dim,
+    mlp,
+    two_view_objective,
+    under,
+)
 
 ONLINE = ("encoder", "projector")
+PREDICTING = (*ONLINE, "predictor")
+"""The parts an SSL loss trains: the online network, and with the predictor."""
 TARGET = ("target_encoder", "target_projector")
 
 
@@ -124,7 +132,7 @@ def byol_objective(ctx: ClientContext, model: nn.ModuleDict, opts: BYOLOptions) 
         for online, target in zip(ONLINE, TARGET, strict=True):
             ema_update(model[target], model[online], opts.momentum)
 
-    return ssl_objective(ctx, model, opts, byol_loss_fn, (*ONLINE, "predictor"), ema)
+    return ssl_objective(ctx, model, opts, byol_loss_fn, PREDICTING, ema)
 
 
 def ssl_objective(

@@ -15,11 +15,22 @@ from pydantic import Field
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from fedkit import ClientContext, FedkitError, Objective, PluginOptions, RecipeError, Server, derive
-from fedkit.models.backbones import create_backbone, feature_dim
-from fedkit.models.heads import classifier_head
-from fedkit.rundir.checkpoint import saved_part
-from fedkit.training import normalize, supervised_loss, supervised_objective
+from fedkit import (
+    ClientContext,
+    FedkitError,
+    Objective,
+    PluginOptions,
+    RecipeError,
+    Server,
+    classifier_head,
+    create_backbone,
+    derive,
+    feature_dim,
+    normalize,
+    saved_part,
+    supervised_loss,
+    supervised_objective,
+)
 
 PRETRAINED = "pretrained_encoder"
 """The name under which a run keeps a server-side pre-trained encoder (``server.once``)."""

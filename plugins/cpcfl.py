@@ -31,15 +31,16 @@ from fedkit import (
     DROP,
     ClientContext,
     Objective,
+    PretrainConfig,
     Recipe,
     RecipeError,
     Server,
     Upload,
     derive,
     hookimpl,
+    mean_direction,
+    pretrain_encoder,
 )
-from fedkit.evaluation.metrics import mean_direction
-from fedkit.ssl.pretrain import PretrainConfig, pretrain_encoder
 from fedkit_plugins.clustered import (
     PRETRAINED,
     PoolOptions,

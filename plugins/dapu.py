@@ -28,9 +28,7 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkit import ClientContext, PluginOptions, RecipeError, Server, hookimpl
-from fedkit.plugin.keys import under
-from fedkit.ssl.divergence import divergence
+from fedkit import ClientContext, PluginOptions, RecipeError, Server, divergence, hookimpl, under
 
 PREDICTOR = "predictor."
 STATE_KEY = "dapu_divergence"

@@ -22,8 +22,16 @@ import copy
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkit import ClientContext, Objective, PluginOptions, hookimpl
-from fedkit.training import make_optimizer, run_loop, split_loss, supervised_objective
+from fedkit import (
+    ClientContext,
+    Objective,
+    PluginOptions,
+    hookimpl,
+    make_optimizer,
+    run_loop,
+    split_loss,
+    supervised_objective,
+)
 
 PERSONAL = "ditto.v."
 
@@ -72,7 +80,7 @@ class Ditto:
 
         epochs = self.options.personal_epochs or ctx.recipe.federation.local_epochs
         objective = Objective(loss, base.batches, epochs=epochs)
-        optimizer = make_optimizer(personal.parameters(), ctx.recipe.federation, ctx.round)
+        optimizer = make_optimizer(personal.parameters(), ctx.recipe.federation.optimizer, ctx.lr)
         result = run_loop(personal, objective, optimizer, epochs)
         for key, value in personal.state_dict().items():
             ctx.tensors[PERSONAL + key] = value.detach().to("cpu", copy=True)

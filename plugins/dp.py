@@ -26,15 +26,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedkit import (
-    ClientContext,
-    PluginOptions,
-    RecipeError,
-    Server,
-    Upload,
-    derive,
-    hookimpl,
-)
+from fedkit import ClientContext, PluginOptions, RecipeError, Server, Upload, derive, hookimpl
 
 
 def accountant_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float):

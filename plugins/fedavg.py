@@ -9,23 +9,27 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedkit import ClientContext, Objective, PluginOptions, Server, hookimpl
-from fedkit.models import build_classifier
-from fedkit.training import supervised_objective
+from fedkit import (
+    ClientContext,
+    Objective,
+    Server,
+    build_classifier,
+    hookimpl,
+    supervised_objective,
+)
 
 
-class FedAvg:
-    """Supervised FedAvg (McMahan et al., 2017): cross-entropy locally, weighted mean."""
-
-    class Options(PluginOptions):
-        pass
-
-    def __init__(self, options: Options) -> None:
-        self.options = options
+class Classifier:
+    """The supervised methods' model, fedkit's encoder under a linear ``classifier``: FedAvg,
+    FedBABU and FedRep inherit this ``init_models``."""
 
     @hookimpl
     def init_models(self, server: Server) -> list[nn.ModuleDict]:
         return [build_classifier(server.recipe.backbone, server.num_classes)]
+
+
+class FedAvg(Classifier):
+    """Supervised FedAvg (McMahan et al., 2017): cross-entropy locally, weighted mean."""
 
     @hookimpl
     def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:

@@ -12,30 +12,23 @@ It builds FedAvg's model (encoder and linear classifier) itself: ``plugins: [fed
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkit import DROP, ClientContext, PluginOptions, Server, hookimpl
-from fedkit.models import build_classifier
-from fedkit.training import supervised_objective
-from fedkit_plugins.finetune import fine_tuned
+from fedkit import DROP, ClientContext, PluginOptions, hookimpl, supervised_objective
+from fedkit_plugins.fedavg import Classifier
+from fedkit_plugins.finetune import Part, fine_tuned
 
 
-class FedBABU:
+class FedBABU(Classifier):
     """FedBABU: the body federated, the head frozen at its initial values."""
 
     class Options(PluginOptions):
         finetune_epochs: int = Field(5, ge=0)
-        finetune: Literal["all", "head"] = "all"
+        finetune: Part = "all"
 
     def __init__(self, options: Options) -> None:
         self.options = options
-
-    @hookimpl
-    def init_models(self, server: Server) -> list[nn.ModuleDict]:
-        return [build_classifier(server.recipe.backbone, server.num_classes)]
 
     @hookimpl
     def local_train(self, ctx: ClientContext, model: nn.ModuleDict) -> bool:

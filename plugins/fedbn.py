@@ -14,8 +14,7 @@ from typing import Literal
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fedkit import PluginOptions, RecipeError, Server, hookimpl
-from fedkit.plugin.keys import NORM_LAYERS, norm_keys
+from fedkit import PluginOptions, RecipeError, Server, hookimpl, norm_keys
 
 
 class FedBN:
@@ -31,15 +30,15 @@ class FedBN:
     def private_keys(self, server: Server, model: nn.ModuleDict) -> list[str]:
         """The normalisation layers' keys; a model without any would make FedBN FedAvg
         bit for bit, so that is refused."""
-        kinds = (_BatchNorm,) if self.options.layers == "batch" else NORM_LAYERS
-        keys = norm_keys(model, kinds)
+        batch_only = self.options.layers == "batch"
+        keys = norm_keys(model, (_BatchNorm,)) if batch_only else norm_keys(model)
         if not keys:
-            what = "BatchNorm" if self.options.layers == "batch" else "normalisation"
+            what = "BatchNorm" if batch_only else "normalisation"
             hint = " (plugins.fedbn.layers: all also keeps GroupNorm and LayerNorm local)"
             raise RecipeError(
                 "backbone.name",
                 f"a backbone with {what} layers for fedbn to keep on the clients",
                 server.recipe.backbone.name,
-                hint=hint if self.options.layers == "batch" else "",
+                hint=hint if batch_only else "",
             )
         return keys

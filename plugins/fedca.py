@@ -35,20 +35,21 @@ from torch import Tensor, nn
 from fedkit import (
     ClientContext,
     ClientInfo,
+    ImageSet,
     Objective,
+    PretrainConfig,
     RecipeError,
     Server,
     Upload,
+    create_backbone,
     derive,
+    extract_features,
     hookimpl,
+    normalize,
+    nt_xent,
+    pretrain_encoder,
 )
-from fedkit.data.datasets import ImageSet
-from fedkit.evaluation.features import extract_features
-from fedkit.models import create_backbone
-from fedkit.ssl.losses import nt_xent
-from fedkit.ssl.pretrain import PretrainConfig, pretrain_encoder
-from fedkit.training import normalize
-from fedkit_plugins._ssl_common import online_parts, ssl_objective
+from fedkit_plugins._ssl_common import ONLINE, online_parts, ssl_objective
 from fedkit_plugins.fedsimclr import SimCLROptions
 
 DICTIONARY = "fedca.dictionary"
@@ -195,7 +196,7 @@ class FedCA:
             loss = fedca_loss(z1, z2, o.temperature, dictionary)
             return loss, {"features": h1, "projections": z1}
 
-        return ssl_objective(ctx, model, o, loss, ("encoder", "projector"))
+        return ssl_objective(ctx, model, o, loss, ONLINE)
 
     @hookimpl
     def loss_terms(self, ctx: ClientContext, model: nn.ModuleDict, batch: Any) -> dict[str, Tensor]:

@@ -24,9 +24,8 @@ from __future__ import annotations
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkit import ClientContext, PluginOptions, Server, hookimpl
-from fedkit.plugin.keys import parameter_keys, under
-from fedkit.ssl.divergence import divergence
+from fedkit import ClientContext, PluginOptions, Server, divergence, hookimpl, parameter_keys, under
+from fedkit_plugins._ssl_common import PREDICTING
 
 DIVERGENCE, SCALER = "fedema_divergence", "fedema_lambda"
 
@@ -37,7 +36,7 @@ class FedEMA:
     class Options(PluginOptions):
         tau: float = Field(0.8, gt=0)
         scaler: float | None = Field(None, gt=0)
-        parts: tuple[str, ...] = ("encoder", "projector", "predictor")
+        parts: tuple[str, ...] = PREDICTING
 
     def __init__(self, options: Options) -> None:
         self.options = options

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fedkit import DROP, ClientContext, PluginOptions, Server, Upload, hookimpl
+from fedkit import DROP, ClientContext, Server, Upload, hookimpl
 
 STEPS = "fednova.a"
 
@@ -45,12 +45,6 @@ def momentum_of(recipe) -> float:
 
 class FedNova:
     """FedNova: each client's change normalised by its effective local step count."""
-
-    class Options(PluginOptions):
-        pass
-
-    def __init__(self, options: Options) -> None:
-        self.options = options
 
     @hookimpl
     def auxiliary_keys(self, server: Server) -> list[str]:

@@ -17,14 +17,12 @@ from dataclasses import replace
 from pydantic import Field
 from torch import nn
 
-from fedkit import ClientContext, PluginOptions, Server, hookimpl
-from fedkit.models import build_classifier
-from fedkit.plugin.keys import under
-from fedkit.training import supervised_objective
+from fedkit import ClientContext, PluginOptions, Server, hookimpl, supervised_objective, under
 from fedkit_plugins.clustered import head_objective
+from fedkit_plugins.fedavg import Classifier
 
 
-class FedRep:
+class FedRep(Classifier):
     """FedRep: heads stay on the clients; only the body is federated."""
 
     class Options(PluginOptions):
@@ -32,10 +30,6 @@ class FedRep:
 
     def __init__(self, options: Options) -> None:
         self.options = options
-
-    @hookimpl
-    def init_models(self, server: Server) -> list[nn.ModuleDict]:
-        return [build_classifier(server.recipe.backbone, server.num_classes)]
 
     @hookimpl
     def private_keys(self, server: Server, model: nn.ModuleDict) -> list[str]:

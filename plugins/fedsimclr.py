@@ -6,9 +6,8 @@ from __future__ import annotations
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedkit import ClientContext, Objective, Server, hookimpl
-from fedkit.ssl.losses import nt_xent
-from fedkit_plugins._ssl_common import SSLOptions, online_parts, ssl_objective
+from fedkit import ClientContext, Objective, Server, hookimpl, nt_xent
+from fedkit_plugins._ssl_common import ONLINE, SSLOptions, online_parts, ssl_objective
 
 
 class SimCLROptions(SSLOptions):
@@ -39,4 +38,4 @@ class FedSimCLR:
 
     @hookimpl
     def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:
-        return ssl_objective(ctx, model, self.options, self.loss, ("encoder", "projector"))
+        return ssl_objective(ctx, model, self.options, self.loss, ONLINE)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from fedkit import ClientContext, Objective, Server, hookimpl
-from fedkit.ssl.losses import simsiam_symmetric
-from fedkit_plugins._ssl_common import SSLOptions, online_parts, ssl_objective
+from fedkit import ClientContext, Objective, Server, hookimpl, simsiam_symmetric
+from fedkit_plugins._ssl_common import PREDICTING, SSLOptions, online_parts, ssl_objective
 
 
 def simsiam_loss_fn(model: nn.ModuleDict, v1: Tensor, v2: Tensor) -> tuple[Tensor, dict]:
@@ -38,5 +37,4 @@ class FedSimSiam:
 
     @hookimpl
     def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:
-        parts = ("encoder", "projector", "predictor")
-        return ssl_objective(ctx, model, self.options, simsiam_loss_fn, parts)
+        return ssl_objective(ctx, model, self.options, simsiam_loss_fn, PREDICTING)

@@ -23,8 +23,7 @@ from typing import Literal
 
 from torch import Tensor, nn
 
-from fedkit import ClientContext, Objective, RecipeError, Server, hookimpl
-from fedkit.plugin.keys import under
+from fedkit import ClientContext, Objective, RecipeError, Server, hookimpl, under
 from fedkit_plugins._ssl_common import (
     ONLINE,
     TARGET,

@@ -18,12 +18,21 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from fedkit import ClientContext, PluginOptions, hookimpl
-from fedkit.training import make_optimizer, run_loop, supervised_objective
+from fedkit import (
+    ClientContext,
+    PluginOptions,
+    hookimpl,
+    make_optimizer,
+    run_loop,
+    supervised_objective,
+)
+
+Part = Literal["all", "head"]
+"""What fine-tuning trains: the whole model or only its classifier head."""
 
 
 def fine_tuned(
-    ctx: ClientContext, model: nn.ModuleDict, epochs: int, part: Literal["all", "head"] = "all"
+    ctx: ClientContext, model: nn.ModuleDict, epochs: int, part: Part = "all"
 ) -> nn.ModuleDict | None:
     """A copy of ``model`` trained on the client's training set for ``epochs`` epochs
     (``part``: every parameter, or the classifier with the encoder frozen), in eval mode;
@@ -38,7 +47,7 @@ def fine_tuned(
         frozen=("encoder",) if part == "head" else (),
     )
     optimizer = make_optimizer(
-        objective.trained_params(tuned), ctx.recipe.federation, max(ctx.round, 1)
+        objective.trained_params(tuned), ctx.recipe.federation.optimizer, ctx.lr
     )
     with torch.enable_grad():
         run_loop(tuned, objective, optimizer, epochs)
@@ -50,7 +59,7 @@ class FineTune:
 
     class Options(PluginOptions):
         epochs: int = Field(1, ge=0)
-        part: Literal["all", "head"] = "all"
+        part: Part = "all"
 
     def __init__(self, options: Options) -> None:
         self.options = options

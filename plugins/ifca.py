@@ -71,6 +71,6 @@ class IFCA(PoolPlugin):
         with torch.random.fork_rng():
             torch.manual_seed(derive(server.recipe.seed, "ifca-restart", done))
             models = self._pool(server)
-        server.pool = [server.shared(m.state_dict()) for m in models]
+        server.pool[:] = [server.shared(m.state_dict()) for m in models]
         server.state[RESTARTS] = done
         server.log(restart=done)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fedkit import DROP, ClientContext, PluginOptions, RecipeError, Server, Upload, hookimpl
+from fedkit import DROP, ClientContext, RecipeError, Server, Upload, hookimpl
 
 GLOBAL = "scaffold.c."
 DELTA = "scaffold.delta_c."
@@ -36,12 +36,6 @@ OWN = "c."
 
 class Scaffold:
     """SCAFFOLD: control variates correct each local step for client drift."""
-
-    class Options(PluginOptions):
-        pass
-
-    def __init__(self, options: Options) -> None:
-        self.options = options
 
     # ---------------------------------------------------------------- server side
 

@@ -16,17 +16,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedkit import PluginOptions, RecipeError, Server, hookimpl
+from fedkit import RecipeError, Server, hookimpl
 
 
 class SingleClient:
     """Single-client baseline: no communication; score = mean over clients' own encoders."""
-
-    class Options(PluginOptions):
-        pass
-
-    def __init__(self, options: Options) -> None:
-        self.options = options
 
     @hookimpl
     def configure(self, server: Server) -> None:

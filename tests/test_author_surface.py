@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import prepared, tiny_recipe
+from conftest import prepared, ssl_recipe, tiny_recipe
 from pydantic import Field
-from test_ssl_plugins import ssl_recipe
 
 from fedkit import ClientContext, PluginOptions, Server, hookimpl
-from fedkit.core import server as server_module
 from fedkit.core.engine import run_round
 from fedkit.plugin import context as context_module
 from fedkit.testing import assert_same_runs, run_recipe
-from fedkit.training import round_lr
+from fedkit.training import make_optimizer, round_lr
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,6 +54,7 @@ class Moon:
         ctx.log(moon_steps=ctx.scratch["checked"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "raw",
     [tiny_recipe(plugins=["fedavg", "moon"]), ssl_recipe("fedsimclr", "moon")],
@@ -119,6 +119,41 @@ def test_ctx_lr_is_the_learning_rate_the_optimiser_used():
     run.close()
 
 
+class OwnOptimiser:
+    """Trains a copy with an optimiser of its own, built with ``make_optimizer``."""
+
+    @hookimpl
+    def after_local_train(self, ctx, model, before):
+        opt = make_optimizer(model.parameters(), ctx.recipe.federation.optimizer, ctx.lr)
+        ctx.log(ctx_lr=ctx.lr, own_lr=opt.param_groups[0]["lr"])
+
+
+def test_the_job_carries_the_rounds_lr_and_the_client_trains_with_it():
+    """The engine puts the round's learning rate in every job; the client's ``ctx.lr``,
+    the fit loop's optimiser and a plugin's ``make_optimizer`` all take that value, not
+    one of their own (a job sent with another rate trains with that rate)."""
+    raw = tiny_recipe(
+        plugins=["fedavg", "rates", "own"], federation={"rounds": 3, "lr_schedule": "cosine"}
+    )
+    run = prepared(raw, rates=Rates, own=OwnOptimiser)
+    sent, execute = [], run.executor.run
+
+    def halved(jobs):
+        sent.append({job.lr for job in jobs})
+        return execute([replace(job, lr=job.lr / 2) for job in jobs])
+
+    run.executor.run = halved
+    for r in (1, 2, 3):
+        row = run_round(run, r)
+        want = round_lr(run.recipe.federation, r)
+        assert sent[-1] == {want}  # computed once by the server, the same in every job
+        for values in row["per_client"].values():
+            assert values["ctx_lr"] == values["own_lr"] == values["step_lr"] == want / 2
+    run.close()
+    with pytest.raises(TypeError, match=r"\(params, federation.optimizer, lr\), not"):
+        make_optimizer([], run.recipe.federation, 1)  # the old (params, federation, round)
+
+
 def _public(cls: type, extra: set[str]) -> set[str]:
     names = {n for n in dir(cls) if not n.startswith("_")}
     return names | extra
@@ -128,15 +163,16 @@ def test_every_context_and_server_attribute_is_documented():
     page = (ROOT / "docs" / "plugins.md").read_text()
     slots = {n for n in ClientContext.__slots__ if not n.startswith("_")}
     assert _public(ClientContext, slots) == set(context_module.ATTRIBUTES)
-    run = prepared(tiny_recipe())
-    server = run.server
-    instance = {n for n in vars(server) if not n.startswith("_")}
-    assert _public(Server, instance) == set(server_module.ATTRIBUTES)
-    run.close()
     for name in context_module.ATTRIBUTES:
         assert f"`ctx.{name}`" in page, f"docs/plugins.md does not document ctx.{name}"
-    for name in server_module.ATTRIBUTES:
-        assert f"`server.{name}`" in page, f"docs/plugins.md does not document server.{name}"
+    assert _public(Server, set()) == documented_server_attributes()
+
+
+def documented_server_attributes() -> set[str]:
+    """The attributes the server tables of docs/plugins.md name (in their first column)."""
+    page = (ROOT / "docs" / "plugins.md").read_text()
+    cells = [line.split(" | ")[0] for line in page.splitlines() if line.startswith("| `server.")]
+    return set(re.findall(r"`server\.(\w+)`", " ".join(cells)))
 
 
 def test_the_guide_opens_with_at_most_eight_concepts():
@@ -144,3 +180,15 @@ def test_the_guide_opens_with_at_most_eight_concepts():
     opening = page.split("## The concepts", 1)[1].split("\n## ", 1)[0]
     concepts = [line for line in opening.splitlines() if re.match(r"\d+\. ", line)]
     assert 1 <= len(concepts) <= 8
+
+
+def test_the_server_view_is_read_only_and_logs_into_the_rounds_row():
+    run = prepared(tiny_recipe())
+    server = run.server
+    for name in [*documented_server_attributes(), "data", "extra"]:
+        with pytest.raises(AttributeError):
+            setattr(server, name, None)
+    server.state["kept"] = 1  # what plugins keep changes in place
+    server.log(seen=2)
+    assert run.record.row["seen"] == 2 and run.record.state == {"kept": 1}
+    run.close()

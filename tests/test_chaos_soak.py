@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import assert_all_end, raylet_driver
 
 from fedkit.config.schema import validate
 from fedkit.core import runs
@@ -26,6 +27,7 @@ def test_ray_processes_are_recognised_by_their_command_line():
     assert not is_ray(["sleep", "60"]) and not is_ray(["/usr/bin/python3", "-m", "array"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="the reaper reads a POSIX process table")
 def test_a_sigkilled_driver_takes_its_ray_processes_with_it_and_nothing_else(tmp_path):
     """A driver that starts the reaper, then one process that looks like Ray's (a program
@@ -57,34 +59,7 @@ def test_a_sigkilled_driver_takes_its_ray_processes_with_it_and_nothing_else(tmp
         kill([looks, other, reaper])
 
 
-def assert_all_end(driver: subprocess.Popen, processes: list) -> None:
-    """The driver ended, and every one of ``processes`` within 15 s of it."""
-    driver.wait(timeout=10)
-    _, alive = _psutil().wait_procs(processes, timeout=15)
-    assert alive == [], alive
-
-
-def raylet_driver(raylet: Path, *args: str) -> tuple[subprocess.Popen, list]:
-    """A driver that starts the reaper and ``raylet`` (with ``args``), waits until the
-    reaper has noted it, tells it to start its worker, and dies by SIGKILL; the driver,
-    and the reaper, raylet and worker as psutil processes."""
-    script = textwrap.dedent(f"""
-        import os, signal, subprocess, sys, time
-        from fedkit.core import ray_reaper
-        reaper = ray_reaper.watch()
-        raylet = subprocess.Popen([sys.executable, {str(raylet)!r}, *{list(args)!r}],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        time.sleep(1.5)  # the reaper has noted the raylet
-        print("go", file=raylet.stdin, flush=True)
-        worker = raylet.stdout.readline().strip()
-        print(reaper.pid, raylet.pid, worker, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    """)
-    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    psutil = _psutil()
-    return driver, [psutil.Process(int(p)) for p in driver.stdout.readline().split()]
-
-
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="the reaper reads a POSIX process table")
 def test_a_worker_started_just_before_the_driver_dies_is_ended_too(tmp_path):
     """A raylet look-alike the reaper has seen starts a worker look-alike; the driver dies
@@ -110,6 +85,7 @@ def test_a_worker_started_just_before_the_driver_dies_is_ended_too(tmp_path):
         kill(processes)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="the reaper reads a POSIX process table")
 def test_a_child_that_becomes_a_ray_process_after_the_reaper_first_saw_it_is_ended(tmp_path):
     """A child the reaper first sees with a plain command line (as a process between fork
@@ -139,6 +115,7 @@ def test_a_child_that_becomes_a_ray_process_after_the_reaper_first_saw_it_is_end
         kill(processes)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="the reaper reads a POSIX process table")
 def test_a_worker_of_the_session_that_no_longer_descends_from_the_driver_is_ended(tmp_path):
     """A raylet look-alike naming a session starts a worker look-alike of that session
@@ -174,6 +151,7 @@ def test_a_worker_of_the_session_that_no_longer_descends_from_the_driver_is_ende
         kill(processes)
 
 
+@pytest.mark.slow
 def test_chaos_soak_short_ends_identical_with_nothing_left(tmp_path):
     """Five rounds under Ray with a local cluster of the run's own, stopped three times
     (SIGKILL of a worker, of the driver, a SIGTERM), resumed after each; the 50-round soak

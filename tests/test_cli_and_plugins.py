@@ -81,6 +81,42 @@ def test_overrides_are_noted_in_the_kept_description(write_recipe):
     assert load_recipe(path).description == "tiny FedAvg"
 
 
+def test_the_executor_flag_reaches_the_engine_as_a_value(tmp_path, write_recipe, monkeypatch):
+    """``--executor`` is handed to the engine, not turned into ``engine.executor=...`` text:
+    the run's kept recipe records the executor it ran on, its description notes only what
+    ``--set`` said, and the name is looked up in the registry once; a misspelt one is
+    refused by key before anything is left behind."""
+    from fedkit.core import runs
+    from fedkit.plugin.registry import Registry
+
+    handed, lookups = [], []
+    start, get = runs.start, Registry.get
+
+    def spy_start(recipe, out, plugins=None, executor=None):
+        handed.append((recipe.engine.executor, executor))
+        return start(recipe, out, plugins, executor)
+
+    def spy_get(self, name):
+        lookups.append((self.key, name))
+        return get(self, name)
+
+    monkeypatch.setattr(runs, "start", spy_start)
+    monkeypatch.setattr(Registry, "get", spy_get)
+    path = str(write_recipe(tiny_recipe(federation={"rounds": 1}, description="tiny")))
+    out = tmp_path / "run"
+    args = ["run", path, "--out", str(out), "-q", "--set", "seed=3", "--executor", "isolated"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert handed == [("sequential", "isolated")]  # the file's value; the flag's, apart
+    assert lookups.count(("engine.executor", "isolated")) == 1
+    kept = load_recipe(out / "recipe.yaml")
+    assert kept.engine.executor == "isolated" and kept.description == "tiny [--set seed=3]"
+    bad = tmp_path / "bad"
+    refused = runner.invoke(app, ["run", path, "--out", str(bad), "--executor", "dask"])
+    assert refused.exit_code == 2 and "engine.executor" in refused.output
+    assert "Traceback" not in refused.output and not bad.exists()
+
+
 def test_new_plugin_says_to_install_with_this_environments_python(tmp_path):
     result = runner.invoke(app, ["new-plugin", "myprox", "--dir", str(tmp_path)])
     assert result.exit_code == 0
@@ -161,6 +197,7 @@ def test_third_party_plugin_is_listed_and_usable(tmp_path, write_recipe, monkeyp
     assert '"shrink_factor": 0.25' in (out / "metrics.jsonl").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "sweep"])
 def test_a_misspelt_set_key_is_answered_without_loading_torch(command, tmp_path):
     args = ["--set", "federation.roundz=2"]
@@ -213,6 +250,7 @@ def test_the_plugins_listing_is_cached_until_a_plugin_changes(tmp_path, monkeypa
     assert plugin_cache.key(installed()) == json.loads(plugin_cache.cache_file().read_text())["key"]
 
 
+@pytest.mark.slow
 def test_a_cached_plugins_listing_imports_no_torch(tmp_path):
     env = {**__import__("os").environ, "FEDKIT_CACHE_DIR": str(tmp_path)}
     cmd = [sys.executable, "-X", "importtime", "-m", "fedkit", "plugins"]

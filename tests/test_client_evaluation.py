@@ -14,9 +14,7 @@ import copy
 
 import pytest
 import torch
-from conftest import prepared, tiny_recipe
-from test_contract import COMBOS
-from test_ssl_plugins import ssl_recipe
+from conftest import COMBOS, prepared, ssl_recipe, tiny_recipe
 
 from fedkit import hookimpl
 from fedkit.core.engine import run_round
@@ -69,6 +67,7 @@ def evaluated(raw):
     return run, rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SUPERVISED)
 def test_client_scores_equal_the_personal_model_scored_on_the_client(name):
     run, rows = evaluated(COMBOS[name])
@@ -106,6 +105,7 @@ class OwnModel:
         ctx.log(test_loss=supervised_loss(model, ctx.test, ctx.device))
 
 
+@pytest.mark.slow
 def test_a_plugin_supplies_a_whole_personal_model_and_scores_of_its_own():
     raw = tiny_recipe(plugins=["fedavg", "ownmodel"])
     run = prepared(raw, ownmodel=OwnModel)
@@ -130,6 +130,7 @@ def test_a_plugin_supplies_a_whole_personal_model_and_scores_of_its_own():
         r.close()
 
 
+@pytest.mark.slow
 def test_evaluation_of_a_sample_of_clients_is_seeded_and_the_same_under_isolation():
     raw = tiny_recipe(data={"num_clients": 6}, federation={"clients_per_round": 3})
     raw["evaluation"] = {"protocol": "supervised", "every": 1, "clients": 2}

@@ -6,17 +6,14 @@ colour and stripe phase) that a tiny backbone separates in a couple of rounds.
 
 from __future__ import annotations
 
-import colorsys
 import copy
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from conftest import attach_spy
-from PIL import Image
+from conftest import attach_spy, blobs_recipe, make_blobs
 from safetensors.torch import save_file
 
 from fedkit.config.schema import DataConfig, validate
@@ -24,12 +21,12 @@ from fedkit.core import runs
 from fedkit.core.aggregation import weighted_mean
 from fedkit.core.engine import prepare, run_round
 from fedkit.core.messages import read_only
-from fedkit.core.server import Upload
 from fedkit.data.datasets import ImageSet
 from fedkit.data.federated import split_federated
 from fedkit.errors import RecipeError
 from fedkit.models.backbones import create_backbone
 from fedkit.plugin.registry import registries
+from fedkit.plugin.server import Upload
 from fedkit.rundir import logs
 from fedkit.rundir.checkpoint import saved_part
 from fedkit.rundir.store import ClientMemory
@@ -41,65 +38,9 @@ HEAD_KEYS = ("classifier.0.weight", "classifier.0.bias")
 PAPER_TC = 10  # IFCA has no switch round; its bound is the paper's T_c + 3
 
 
-def make_blobs(root: Path, per_class: tuple[int, int] = (80, 30), size: int = 8) -> Path:
-    """An ImageFolder of 10 easy classes: class c has hue c/10 and stripes of phase c."""
-    rng = np.random.default_rng(0)
-    rows = np.arange(size)[:, None]
-    for split, n in zip(("train", "test"), per_class, strict=True):
-        for c in range(10):
-            folder = root / split / f"c{c}"
-            folder.mkdir(parents=True, exist_ok=True)
-            rgb = np.array(colorsys.hsv_to_rgb(c / 10, 0.9, 0.9)) * 255
-            stripes = (0.6 + 0.4 * ((rows + c) % 2))[..., None]
-            for i in range(n):
-                img = np.tile(rgb, (size, size, 1)) * stripes + rng.normal(0, 20, (size, size, 3))
-                Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(folder / f"{i}.png")
-    return root
-
-
 @pytest.fixture(scope="module")
 def blobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_blobs(tmp_path_factory.mktemp("blobs"))
-
-
-def recipe(root: Path, plugin: dict[str, Any], **changes: Any):
-    """A 9-client, 3-group recipe on the generated data; ``changes`` as dotted keys."""
-    raw: dict[str, Any] = {
-        "seed": 0,
-        "backbone": {"name": "test_resnet"},
-        "data": {
-            "dataset": "imagefolder",
-            "root": str(root),
-            "image_size": 8,
-            "num_clients": 9,
-            "server_fraction": 0.3,
-            "partition": {
-                "name": "cluster_groups",
-                "num_groups": 3,
-                "classes_per_group": 4,
-                "per_class": [10, 10, 4, 4],
-                "overlap": 1,
-            },
-            "local_test_size": 20,
-        },
-        "federation": {
-            "rounds": 13,
-            "clients_per_round": 9,
-            "local_epochs": 3,
-            "batch_size": 32,
-            "optimizer": {"name": "adam", "lr": 0.01},
-        },
-        "plugins": [plugin],
-        "evaluation": {"protocol": "supervised", "every": 1},
-        "device": "cpu",
-    }
-    for key, value in changes.items():
-        node = raw
-        *path, last = key.split(".")
-        for part in path:
-            node = node[part]
-        node[last] = value
-    return validate(raw)
 
 
 def random_encoder_file(path: Path) -> Path:
@@ -122,16 +63,20 @@ def rounds_until_recovered(run, limit: int) -> int | None:
 # ---------------------------------------------------------------- must-show: recovery
 
 
+@pytest.mark.slow
 def test_cpcfl_recovers_true_groups_within_tc_plus_3(blobs: Path) -> None:
     switch = 3
-    run = prepare(recipe(blobs, {"cpcfl": {"switch_round": switch, "pretrain": QUICK_PRETRAIN}}))
+    run = prepare(
+        blobs_recipe(blobs, {"cpcfl": {"switch_round": switch, "pretrain": QUICK_PRETRAIN}})
+    )
     found = rounds_until_recovered(run, switch + 3)
     assert found is not None and found > switch
     assert run_round(run, found + 1)["ari"] == 1.0
 
 
+@pytest.mark.slow
 def test_ifca_with_restarts_recovers_true_groups_within_tc_plus_3(blobs: Path) -> None:
-    rec = recipe(blobs, {"ifca": {"restarts": 3}}, **{"federation.optimizer.lr": 0.03})
+    rec = blobs_recipe(blobs, {"ifca": {"restarts": 3}}, **{"federation.optimizer.lr": 0.03})
     run = prepare(rec)
     found = rounds_until_recovered(run, PAPER_TC + 3)
     assert found is not None
@@ -142,7 +87,7 @@ def test_ifca_with_restarts_recovers_true_groups_within_tc_plus_3(blobs: Path) -
 
 
 def test_lowest_loss_selection_picks_the_model_with_the_lowest_loss(blobs: Path) -> None:
-    run = prepare(recipe(blobs, {"ifca": {"num_clusters": 3}}))
+    run = prepare(blobs_recipe(blobs, {"ifca": {"num_clusters": 3}}))
     server, client = run.server, run.executor.clients[4]
     counts = torch.bincount(client.train.labels, minlength=10).double()
     prior = torch.log((counts + 1e-3) / counts.sum()).float()
@@ -154,15 +99,17 @@ def test_lowest_loss_selection_picks_the_model_with_the_lowest_loss(blobs: Path)
     assert int(np.argmin(losses)) == 2
     # client 4's context as its worker builds it in round 1, offered the whole pool
     worker = run.executor.worker
-    ctx = worker.context(1, client, ClientMemory(), torch.Generator(), read_only(server.pool))
+    offers = read_only(server.pool)
+    ctx = worker.context(1, 0.05, client, ClientMemory(), torch.Generator(), offers)
     assert lowest_loss_cluster(ctx, worker.model) == 2
     assert ctx.fetched == [0, 1, 2]  # scoring downloads every cluster (booked by the ledger)
 
 
+@pytest.mark.slow
 def test_clusters_aggregate_their_own_clients_weighted_and_unchosen_keep_their_model(
     blobs: Path,
 ) -> None:
-    run = prepare(recipe(blobs, {"ifca": {"num_clusters": 5}}, **{"federation.rounds": 1}))
+    run = prepare(blobs_recipe(blobs, {"ifca": {"num_clusters": 5}}, **{"federation.rounds": 1}))
     spy = attach_spy(run)
     before = copy.deepcopy(run.server.pool)
     metrics = run_round(run, 1)
@@ -182,8 +129,9 @@ def test_clusters_aggregate_their_own_clients_weighted_and_unchosen_keep_their_m
             assert torch.allclose(run.server.pool[cluster][key], expected, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_restart_triggers_when_every_client_chose_one_cluster(blobs: Path) -> None:
-    run = prepare(recipe(blobs, {"ifca": {"restarts": 1}}))
+    run = prepare(blobs_recipe(blobs, {"ifca": {"restarts": 1}}))
     server = run.server
     for cluster in (1, 2):
         server.pool[cluster]["classifier.0.weight"] *= 1000
@@ -197,10 +145,11 @@ def test_restart_triggers_when_every_client_chose_one_cluster(blobs: Path) -> No
     assert "restart" not in again and server.state["ifca_restarts"] == 1
 
 
+@pytest.mark.slow
 def test_cpcfl_freezes_the_encoder_before_switch_round(blobs: Path, tmp_path: Path) -> None:
     enc = random_encoder_file(tmp_path / "enc.safetensors")
     plugin = {"cpcfl": {"switch_round": 1, "encoder": str(enc)}}
-    run = prepare(recipe(blobs, plugin, **{"data.server_fraction": 0.0}))
+    run = prepare(blobs_recipe(blobs, plugin, **{"data.server_fraction": 0.0}))
     spy = attach_spy(run)
     start = copy.deepcopy(run.server.pool)
     metrics = run_round(run, 1)
@@ -224,7 +173,7 @@ def test_cpcfl_freezes_the_encoder_before_switch_round(blobs: Path, tmp_path: Pa
 def test_cpcfl_pool_is_one_encoder_with_n_random_heads(blobs: Path, tmp_path: Path) -> None:
     enc = random_encoder_file(tmp_path / "enc.safetensors")
     plugin = {"cpcfl": {"num_clusters": 3, "head": "c-2", "encoder": str(enc)}}
-    run = prepare(recipe(blobs, plugin))
+    run = prepare(blobs_recipe(blobs, plugin))
     pool = run.server.pool
     saved = load_encoder(enc)
     for state in pool:
@@ -236,11 +185,12 @@ def test_cpcfl_pool_is_one_encoder_with_n_random_heads(blobs: Path, tmp_path: Pa
 # ---------------------------------------------------------------- pre-training and encoders
 
 
+@pytest.mark.slow
 def test_cpcfl_stage1_saves_a_reusable_encoder_and_scores_relevance(
     blobs: Path, tmp_path: Path
 ) -> None:
     pretrain = {**QUICK_PRETRAIN, "epochs": 1, "objective": "byol"}
-    rec = recipe(blobs, {"cpcfl": {"pretrain": pretrain}}, **{"federation.rounds": 1})
+    rec = blobs_recipe(blobs, {"cpcfl": {"pretrain": pretrain}}, **{"federation.rounds": 1})
     out = tmp_path / "run"
     summary = runs.execute(runs.start(rec, out), out)
     # kept by the core in the run's checkpoint (server.safetensors, pretrained_encoder/*)
@@ -252,22 +202,23 @@ def test_cpcfl_stage1_saves_a_reusable_encoder_and_scores_relevance(
     assert summary["final"]["round"] == 1  # its clusters are in clients.jsonl
     assert logs.read_clients(out)[-1]["clusters"].keys() == {str(i) for i in range(9)}
     assert all(torch.equal(load_encoder(out)[k], v) for k, v in saved.items())
-    reuse = prepare(recipe(blobs, {"cpcfl": {"encoder": str(out)}}))
+    reuse = prepare(blobs_recipe(blobs, {"cpcfl": {"encoder": str(out)}}))
     assert all(torch.equal(reuse.server.pool[0][f"encoder.{k}"], v) for k, v in saved.items())
 
 
 def test_cpcfl_needs_a_server_split_or_an_encoder(blobs: Path) -> None:
     with pytest.raises(RecipeError, match="server_fraction"):
-        prepare(recipe(blobs, {"cpcfl": {}}, **{"data.server_fraction": 0.0}))
+        prepare(blobs_recipe(blobs, {"cpcfl": {}}, **{"data.server_fraction": 0.0}))
 
 
+@pytest.mark.slow
 def test_ifca_warm_start_from_a_fedavg_run(blobs: Path, tmp_path: Path) -> None:
     out = tmp_path / "fedavg"
-    rec = recipe(blobs, {"name": "fedavg"}, **{"federation.rounds": 1})
+    rec = blobs_recipe(blobs, {"name": "fedavg"}, **{"federation.rounds": 1})
     runs.execute(runs.start(rec, out), out)
     fedavg_encoder = load_encoder(out)
     plugin = {"ifca": {"encoder": str(out), "random_rounds": 2}}
-    run = prepare(recipe(blobs, plugin))
+    run = prepare(blobs_recipe(blobs, plugin))
     for state in run.server.pool:
         assert all(torch.equal(state[f"encoder.{k}"], v) for k, v in fedavg_encoder.items())
     assert run_round(run, 1)["bytes"]["total"] > 0
@@ -332,11 +283,12 @@ def test_cluster_groups_reproduces_the_paper_set_up() -> None:
     assert len(np.unique(everything)) == len(everything)
 
 
+@pytest.mark.slow
 def test_run_directory_records_identities_and_cluster_metrics_every_round(
     blobs: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "ifca"
-    rec = recipe(blobs, {"ifca": {}}, **{"federation.rounds": 2, "evaluation.every": 2})
+    rec = blobs_recipe(blobs, {"ifca": {}}, **{"federation.rounds": 2, "evaluation.every": 2})
     runs.execute(runs.start(rec, out), out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
@@ -349,11 +301,12 @@ def test_run_directory_records_identities_and_cluster_metrics_every_round(
     assert "personalized_f1" not in rows[0]
 
 
+@pytest.mark.slow
 def test_cpcfl_resume_reuses_the_saved_encoder_and_matches_an_uninterrupted_run(
     blobs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pretrain = {**QUICK_PRETRAIN, "epochs": 1}
-    rec = recipe(blobs, {"cpcfl": {"switch_round": 1, "pretrain": pretrain}})
+    rec = blobs_recipe(blobs, {"cpcfl": {"switch_round": 1, "pretrain": pretrain}})
     rec = rec.model_copy(update={"federation": rec.federation.model_copy(update={"rounds": 2})})
     full = tmp_path / "full"
     runs.execute(runs.start(rec, full), full)

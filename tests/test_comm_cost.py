@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 
 from fedkit.config.schema import validate
 from fedkit.core.engine import prepare, run_round
-from fedkit.core.ledger import METRIC_FIELDS
 from fedkit.models.backbones import create_backbone
+from fedkit.plugin.ledger import METRIC_FIELDS
 
 ROUNDS, CLIENTS, SAMPLED = 2, 6, 4
 
@@ -62,11 +62,13 @@ def encoder_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_fedavg_costs_two_model_transfers_per_client_and_round() -> None:
     total, size = ledger_total("fedavg")
     assert total == 2 * ROUNDS * SAMPLED * size
 
 
+@pytest.mark.slow
 def test_ifca_with_three_clusters_costs_n_plus_one_transfers() -> None:
     n = 3
     total, size = ledger_total({"ifca": {"num_clusters": n}})

@@ -10,9 +10,9 @@ from conftest import kept_model, prepared, spied
 
 from fedkit import DROP, hookimpl
 from fedkit.core.engine import run_round, update_cluster
-from fedkit.core.server import Upload
 from fedkit.errors import ClaimConflict, PluginError
 from fedkit.plugin.keys import under
+from fedkit.plugin.server import Upload
 from fedkit.training import accuracy
 
 

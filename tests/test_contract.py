@@ -11,92 +11,30 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import prepared, tiny_recipe
+from conftest import (
+    COMBOS,
+    clustered_recipe,
+    fedca_recipe,
+    prepared,
+    tiny_recipe,
+    with_logdir,
+)
 from pydantic import BaseModel
-from test_ssl_plugins import ssl_recipe
 
 from fedkit import PluginOptions, hookimpl
 from fedkit.config.schema import validate
 from fedkit.core import runs
 from fedkit.core.engine import prepare, run_round
-from fedkit.core.ledger import Ledger
-from fedkit.core.server import Server
 from fedkit.errors import RecipeError
 from fedkit.plugin.context import ClientContext
 from fedkit.plugin.hookspecs import CLIENT
+from fedkit.plugin.ledger import Ledger
 from fedkit.plugin.registry import hook_names, hook_side, implemented_hooks
+from fedkit.plugin.server import Server
 from fedkit.rundir.store import StateStore
 
 ROOT = Path(__file__).resolve().parent.parent
-SGD = {"optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.0}}
 SERVER_SIDE = ("server", "pool", "ledger", "store", "clients", "roster", "executor", "data")
-
-
-def supervised(*plugins):
-    return tiny_recipe(plugins=["fedavg", *plugins], federation=SGD)
-
-
-def fedca():
-    opts = {"projector_hidden": 16, "projection_dim": 8, "base": {"epochs": 1, "batch_size": 16}}
-    raw = ssl_recipe(("fedca", opts))
-    raw["data"]["server_fraction"] = 0.2
-    return raw
-
-
-def clustered(plugin: dict[str, Any]):
-    return tiny_recipe(plugins=[plugin], data={"num_clients": 4, "server_fraction": 0.2})
-
-
-COMBOS = {
-    "fedavg": supervised(),
-    "fedprox": supervised({"fedprox": {"mu": 0.1}}),
-    "scaffold": supervised("scaffold"),
-    "fednova": supervised("fednova"),
-    "fedbn": supervised("fedbn"),
-    "ditto": supervised({"ditto": {"lam": 0.1}}),
-    "fedrep": tiny_recipe(plugins=[{"fedrep": {"head_epochs": 1}}], federation=SGD),
-    "fedbabu": tiny_recipe(plugins=[{"fedbabu": {"finetune_epochs": 1}}], federation=SGD),
-    "finetune": supervised({"finetune": {"epochs": 1}}),
-    "dp": supervised({"dp": {"clip": 1.0, "noise_multiplier": 0.5}}),
-    "fedopt": supervised({"fedopt": {"optimizer": "adam"}}),
-    "tensorboard": supervised({"tensorboard": {"logdir": "TMP"}}),
-    "mlflow": supervised({"mlflow": {"tracking_uri": "TMP"}}),
-    "fedbyol+dapu": ssl_recipe("fedbyol", ("dapu", {"mu": 0.05})),
-    "fedu+dapu": ssl_recipe(("fedu", {"upload": "target"}), ("dapu", {"mu": 0.05})),
-    "fedsimsiam": ssl_recipe("fedsimsiam"),
-    "fedsimclr": ssl_recipe("fedsimclr"),
-    "fedbyol+fedema": ssl_recipe("fedbyol", "fedema"),
-    "fedbyol+single_client": ssl_recipe("fedbyol", "single_client"),
-    "fedca": fedca(),
-    "ifca": clustered({"ifca": {"num_clusters": 2, "random_rounds": 1}}),
-    "cpcfl": clustered(
-        {
-            "cpcfl": {
-                "num_clusters": 2,
-                "switch_round": 1,
-                "pretrain": {"epochs": 1, "batch_size": 32},
-            }
-        }
-    ),
-}
-
-
-def with_logdir(raw: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
-    """The recipe with an observer's ``TMP`` output directory placed under ``tmp_path``."""
-
-    def place(spec: Any) -> Any:
-        if not isinstance(spec, dict):
-            return spec
-        placed = {}
-        for name, options in spec.items():
-            if options.get("logdir") == "TMP":
-                options = {**options, "logdir": str(tmp_path / "tb")}
-            if options.get("tracking_uri") == "TMP":
-                options = {**options, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-            placed[name] = options
-        return placed
-
-    return {**raw, "plugins": [place(spec) for spec in raw["plugins"]]}
 
 
 def server_objects(value: Any, depth: int = 0) -> list[Any]:
@@ -148,6 +86,7 @@ def same_tensors(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("combo", list(COMBOS))
 def test_client_hooks_see_only_a_client_context_and_sides_share_nothing(combo, tmp_path):
     raw = with_logdir(COMBOS[combo], tmp_path)
@@ -350,13 +289,14 @@ def test_once_computes_a_single_time_and_leaves_the_rngs_alone():
     assert torch.equal(run.server.tensors["thing/w"], torch.ones(2))
 
 
-CPCFL = clustered(
+CPCFL = clustered_recipe(
     {"cpcfl": {"num_clusters": 2, "switch_round": 1, "pretrain": {"epochs": 1, "batch_size": 32}}}
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
-    "raw,module", [(CPCFL, "fedkit_plugins.cpcfl"), (fedca(), "fedkit_plugins.fedca")]
+    "raw,module", [(CPCFL, "fedkit_plugins.cpcfl"), (fedca_recipe(), "fedkit_plugins.fedca")]
 )
 def test_resume_does_not_pre_train_again_and_plugins_leave_the_run_dir_alone(
     raw, module, tmp_path, monkeypatch

@@ -7,8 +7,17 @@ import math
 
 import pytest
 import torch
-from conftest import client_context, kept_model, logged, prepared, spied
-from test_ssl_plugins import part, rounds, same, ssl_recipe
+from conftest import (
+    client_context,
+    kept_model,
+    keys_under,
+    logged,
+    prepared,
+    run_rounds,
+    same_keys,
+    spied,
+    ssl_recipe,
+)
 from torch import nn
 
 from fedkit.core.engine import run_round
@@ -68,9 +77,9 @@ def test_decision_claims_only_predictor_keys_and_is_logged(participations, d, de
     received, local = filled(0.0, 0.0, 1.0), filled(0.0, 0.0, 2.0)
     ctx = _context(participations, d)
     claims = plugin.update_client(ctx, received, local)
-    assert set(claims) == set(part(received, "predictor."))
+    assert set(claims) == set(keys_under(received, "predictor."))
     chosen = received if decision == "global" else local
-    assert same(claims, chosen, claims)
+    assert same_keys(claims, chosen, claims)
     used = {} if d is None else {"dapu_used": d}  # nothing used on a first participation
     assert logged(ctx) == {**used, "dapu_global": decision == "global"}
 
@@ -82,12 +91,12 @@ def test_new_global_reference_measures_at_update_time():
     claims = plugin.update_client(ctx, received, local)
     assert logged(ctx)["dapu_used"] == pytest.approx((math.sqrt(54) + 4.0) / 2)
     assert logged(ctx)["dapu_global"] is False
-    assert same(claims, local, claims)  # 5.67 ≥ μ = 5 → keep the local predictor
+    assert same_keys(claims, local, claims)  # 5.67 ≥ μ = 5 → keep the local predictor
 
 
 def test_divergence_logged_per_client_per_round_matches_the_models():
     run, spy = spied(ssl_recipe("fedsimsiam", ("dapu", {"mu": 0.4})))
-    rows = rounds(run, 2)
+    rows = run_rounds(run, 2)
     for row in rows:
         assert set(row["per_client"]) == {"0", "1", "2"}
     for cid in range(3):
@@ -108,36 +117,38 @@ def test_divergence_logged_per_client_per_round_matches_the_models():
 def test_new_global_reference_measures_against_the_clients_last_encoder():
     raw = ssl_recipe("fedsimsiam", ("dapu", {"mu": 0.4, "reference": "new_global"}))
     run, spy = spied(raw)
-    rows = rounds(run, 2)
+    rows = run_rounds(run, 2)
     for cid in range(3):
         measured = divergence(spy.received[(2, cid)], spy.trained[(1, cid)])
         assert rows[1]["per_client"][str(cid)]["dapu_used"] == pytest.approx(measured)
 
 
+@pytest.mark.slow
 def test_with_a_huge_mu_dapu_changes_nothing():
     plain = prepared(ssl_recipe("fedsimsiam"))
     composed = prepared(ssl_recipe("fedsimsiam", ("dapu", {"mu": 1e9})))
-    rounds(plain, 2), rounds(composed, 2)
-    assert same(plain.server.pool[0], composed.server.pool[0], plain.server.pool[0])
+    run_rounds(plain, 2), run_rounds(composed, 2)
+    assert same_keys(plain.server.pool[0], composed.server.pool[0], plain.server.pool[0])
 
 
+@pytest.mark.slow
 def test_fedsimsiam_with_dapu_differs_only_in_predictor_updates():
     plain, plain_spy = spied(ssl_recipe("fedsimsiam"))
     composed, spy = spied(ssl_recipe("fedsimsiam", ("dapu", {"mu": 0.0})))  # always local
-    rounds(plain, 1), rounds(composed, 1)
-    assert same(plain.server.pool[0], composed.server.pool[0], plain.server.pool[0])
+    run_rounds(plain, 1), run_rounds(composed, 1)
+    assert same_keys(plain.server.pool[0], composed.server.pool[0], plain.server.pool[0])
     kept = {cid: kept_model(composed, cid) for cid in range(3)}
     run_round(plain, 2), run_round(composed, 2)
     for cid in range(3):
         a, b = plain_spy.loaded[(2, cid)], spy.loaded[(2, cid)]
-        predictor = part(a, "predictor.")
+        predictor = keys_under(a, "predictor.")
         assert predictor and set(kept[cid]) == set(predictor)  # dapu keeps the predictor only
         assert kept_model(plain, cid) == {}  # plain fedsimsiam keeps nothing
         others = [k for k in a if k not in predictor]
-        assert same(a, b, others)  # encoder and projector: the same global ones
-        assert same(a, spy.received[(2, cid)], predictor)  # plain: global predictor
-        assert same(b, kept[cid], predictor)  # dapu: the client's own predictor
-        assert not same(a, b, predictor)
+        assert same_keys(a, b, others)  # encoder and projector: the same global ones
+        assert same_keys(a, spy.received[(2, cid)], predictor)  # plain: global predictor
+        assert same_keys(b, kept[cid], predictor)  # dapu: the client's own predictor
+        assert not same_keys(a, b, predictor)
 
 
 def test_dapu_needs_a_shared_predictor():
@@ -151,13 +162,14 @@ def test_fedu_local_predictor_and_dapu_is_a_recipe_error():
         prepared(ssl_recipe(("fedu", {"predictor": "local"}), "dapu"))
 
 
+@pytest.mark.slow
 def test_fedu_with_dapu_always_global_is_fedbyol():
     byol, byol_spy = spied(ssl_recipe("fedbyol"))
     fedu, fedu_spy = spied(ssl_recipe("fedu", ("dapu", {"mu": 1e9})))
-    rounds(byol, 2), rounds(fedu, 2)
-    assert same(byol.server.pool[0], fedu.server.pool[0], byol.server.pool[0])
+    run_rounds(byol, 2), run_rounds(fedu, 2)
+    assert same_keys(byol.server.pool[0], fedu.server.pool[0], byol.server.pool[0])
     for cid in range(3):
         trained = byol_spy.trained[(2, cid)]
-        assert same(trained, fedu_spy.trained[(2, cid)], trained)  # the full trained states
+        assert same_keys(trained, fedu_spy.trained[(2, cid)], trained)  # the full trained states
         kept = kept_model(byol, cid)  # the targets, which both keep
-        assert kept and same(kept, kept_model(fedu, cid), kept)
+        assert kept and same_keys(kept, kept_model(fedu, cid), kept)

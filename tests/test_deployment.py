@@ -24,12 +24,21 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import tiny_recipe
-from test_site_data import write_images
+from conftest import (
+    certificates,
+    free_port,
+    group_members,
+    start_process,
+    stop_processes,
+    tiny_recipe,
+    write_images,
+)
 
 from fedkit.config.schema import validate
 from fedkit.core import runs
 from fedkit.rundir import checkpoint, logs
+
+pytestmark = pytest.mark.slow  # a real Flower deployment: a SuperLink and nodes as processes
 
 pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'fedkit-fl[flower]')"
@@ -40,99 +49,12 @@ from fedkit.flower.node_keys import make_key_pair  # noqa: E402
 BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM to every process group at once, then wait for each (SIGKILL after 20 s)."""
-    running = [proc for proc in procs if proc.poll() is None]
-    for proc in running:
-        os.killpg(proc.pid, signal.SIGTERM)
-    for proc in running:
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     return True
-
-
-def group_members(pgid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
-
-
-def certificates(folder: Path) -> dict[str, Path]:
-    """A throwaway CA and a server certificate it signs for 127.0.0.1 (PEM files)."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    folder.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
-
-    def certificate(name, key, issuer, issuer_key, ca):
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer or subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if not ca:
-            names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        return builder.sign(issuer_key or key, hashes.SHA256())
-
-    ca_key, server_key = (
-        ec.generate_private_key(ec.SECP256R1()),
-        ec.generate_private_key(ec.SECP256R1()),
-    )
-    ca = certificate("fedkit test CA", ca_key, None, None, True)
-    server = certificate("127.0.0.1", server_key, ca.subject, ca_key, False)
-    paths = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
-    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths["cert"].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(
-        server_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
 
 
 READS = """
@@ -183,7 +105,7 @@ def federation(tmp_path):
         "--isolation", "subprocess", "--disable-runtime-dependency-installation",
         "--host", "127.0.0.1", "--port", str(port), "--enable-supernode-auth",
     ]  # fmt: skip
-    procs = [start(superlink, tmp_path / "superlink.log", env)]
+    procs = [start_process(superlink, tmp_path / "superlink.log", env)]
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -226,7 +148,7 @@ def federation(tmp_path):
             *(["--reconnect", "5"] if k == 4 else []),  # the unregistered key: stop soon
             *(["--data", str(site)] if k == 3 else []),
         ]  # fmt: skip
-        procs.append(start(node, tmp_path / f"node{k}.log", node_env))
+        procs.append(start_process(node, tmp_path / f"node{k}.log", node_env))
 
     def kill_and_restart(k: int) -> None:
         """kill -9 node ``k``, then start it again on its folder with the spare key (the
@@ -238,13 +160,14 @@ def federation(tmp_path):
             "--partition", str(k), "--dir", str(tmp_path / f"node{k}"),
             "--root-certificates", str(tls["ca"]), "--auth-key", str(keys[5]),
         ]  # fmt: skip
-        procs.append(start(node, tmp_path / f"node{k}-restarted.log", env))
+        procs.append(start_process(node, tmp_path / f"node{k}-restarted.log", env))
 
     try:
         yield port, env, procs[-1], kill_and_restart  # the fifth node's key was not registered
     finally:
-        stop(procs[1:])  # the nodes first, so none is left asking a SuperLink that is gone
-        stop(procs[:1])
+        # the nodes first, so none is left asking a SuperLink that is gone
+        stop_processes(procs[1:])
+        stop_processes(procs[:1])
         time.sleep(0.5)
         left = [pid for proc in procs for pid in group_members(proc.pid)]
         assert left == [], f"processes left behind: {left}"
@@ -331,7 +254,7 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
         kill_and_restart(1)
         output, _ = running.communicate(timeout=300)
     finally:
-        stop([running])
+        stop_processes([running])
     assert running.returncode == 0, output[-3000:]
     rows = logs.read_metrics(killed)
     assert [row["clients"] for row in rows] == [[0, 1, 2]] * 3

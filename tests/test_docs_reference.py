@@ -35,6 +35,7 @@ def test_recipe_reference_lists_keys_partitioners_and_plugin_options():
     assert "| `mu` | `float` | `0.4` | ≥ 0.0 |" in page  # dapu's option, from its Options
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MKDOCS.exists(), reason="mkdocs is not installed (the docs extra)")
 def test_docs_site_builds_in_strict_mode(tmp_path):
     result = subprocess.run(

@@ -48,6 +48,7 @@ def norm(update: dict[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float(t.double().pow(2).sum()) for t in update.values()))
 
 
+@pytest.mark.slow
 def test_every_upload_is_within_the_clipping_bound():
     run, spy = spied(dp_recipe("fedavg"))
     rows = [run_round(run, r) for r in (1, 2)]

@@ -6,6 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a worker in a subprocess
+
 
 def test_the_worker_imports_no_sklearn_metrics_until_a_score_asks():
     script = (

@@ -5,32 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import Spy, tiny_recipe
-from test_ssl_plugins import ssl_recipe
+from conftest import Spy, run_all, same_pools, ssl_recipe, tiny_recipe
 
 from fedkit.config.schema import validate
 from fedkit.core.engine import prepare, run_round
 
+pytestmark = pytest.mark.slow  # a Ray cluster
+
 ray = pytest.importorskip(
     "ray", reason="the ray extra is not installed (pip install 'fedkit-fl[ray]')"
 )
-
-
-def run_all(raw, executor: str):
-    raw = {**raw, "engine": {**raw.get("engine", {}), "executor": executor, "workers": 2}}
-    run = prepare(validate(raw))
-    try:
-        rows = [run_round(run, r) for r in range(1, run.recipe.federation.rounds + 1)]
-        return rows, [dict(s) for s in run.server.pool]
-    finally:
-        run.close()
-
-
-def same_pools(a, b) -> bool:
-    return all(
-        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
-        for x, y in zip(a, b, strict=True)
-    )
 
 
 RECIPES = {

@@ -73,6 +73,7 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     registry.refresh()
 
 
+@pytest.mark.slow
 def test_fedkit_plugins_lists_what_an_outside_package_registers(installed: Path):
     result = CliRunner().invoke(app, ["plugins"])
     assert result.exit_code == 0, result.output

@@ -58,6 +58,7 @@ def test_an_exception_leaves_the_client_out_and_is_recorded():
     assert finite(run)
 
 
+@pytest.mark.slow
 def test_a_nan_upload_is_refused_and_the_global_model_stays_finite():
     run = prepared(recipe(nan=0.5))
     rows = [run_round(run, r) for r in (1, 2, 3)]
@@ -78,6 +79,7 @@ def test_dropouts_and_exceptions_follow_the_seeded_draw():
         assert error.startswith(expected[int(cid)])
 
 
+@pytest.mark.slow
 def test_a_client_past_the_deadline_is_a_timeout():
     raw = recipe(straggler=0.5, delay=1.5)
     raw["federation"]["client_timeout"] = 1.0
@@ -111,6 +113,7 @@ def test_below_quorum_stops_the_run_with_its_checkpoint_intact(tmp_path):
     assert logs.read_stops(out) == [trace]
 
 
+@pytest.mark.slow
 def test_faults_are_the_same_on_resume(tmp_path):
     raw = recipe(exception=0.2, nan=0.2, dropout=0.1)
     full = runs.start(validate(raw), tmp_path / "full")

@@ -257,6 +257,7 @@ def test_run_warns_and_keeps_the_base_features_in_its_checkpoint(write_recipe, t
     assert not (out / "fedca-base.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_resume_reuses_the_saved_base_encoder_and_matches(tmp_path, monkeypatch):
     import fedkit_plugins.fedca as fedca_module
     from fedkit.config.schema import validate

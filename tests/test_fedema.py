@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import spied
-from test_ssl_plugins import ssl_recipe
+from conftest import spied, ssl_recipe
 
 from fedkit.core.engine import run_round
 from fedkit.ssl.divergence import divergence
@@ -14,6 +13,7 @@ from fedkit.ssl.divergence import divergence
 TAU = 0.7
 
 
+@pytest.mark.slow
 def test_update_is_a_divergence_weighted_average_of_local_and_global():
     run, spy = spied(ssl_recipe("fedbyol", ("fedema", {"tau": TAU}), rounds=3))
     params = set(run.executor.worker.keys.parameters)

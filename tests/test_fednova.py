@@ -38,7 +38,7 @@ def test_update_normalises_each_change_by_its_step_count():
             1, 3.0, {"w": torch.tensor([1.0, 0.0]), STEPS: torch.tensor(4.0, dtype=torch.float64)}
         ),
     ]
-    claims = FedNova(FedNova.Options()).aggregate(server, 0, uploads)
+    claims = FedNova().aggregate(server, 0, uploads)
     # p = (1/4, 3/4); Σ p a = 1/4 + 3 = 3.25; Σ p (x − x_i)/a = (1/4)(1, 0) + (3/4)(0, 2)/4
     expected = x - 3.25 * torch.tensor([0.25, 0.375])
     assert torch.allclose(claims["w"], expected)
@@ -54,6 +54,7 @@ def final_model(raw, rounds=1):
     return run, rows
 
 
+@pytest.mark.slow
 def test_equal_steps_give_fedavg_and_unequal_steps_do_not():
     iid = {"partition": {"name": "iid"}}
     equal = tiny_recipe(federation=SGD, data=iid)  # 100 images each: 4 batches of 32 an epoch

@@ -17,6 +17,7 @@ def run_two(*plugins):
     return run, start, rows
 
 
+@pytest.mark.slow
 def test_avgm_without_momentum_at_lr_one_is_fedavg():
     plain, _, _ = run_two()
     avgm, _, _ = run_two({"fedopt": {"optimizer": "avgm", "beta1": 0.0, "lr": 1.0}})
@@ -45,6 +46,7 @@ def test_adam_first_step_follows_the_formula_and_buffers_take_the_average():
     assert buffers and all(torch.equal(run.server.pool[0][k], mean[k]) for k in buffers)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["avgm", "adam", "yogi"])
 def test_each_server_optimiser_moves_the_model_differently_from_fedavg(optimizer):
     plain, _, _ = run_two()

@@ -6,17 +6,25 @@ whose client files the nodes wrote."""
 
 from __future__ import annotations
 
-import time
+from functools import partial
 
 import pytest
-from conftest import prepared, tiny_recipe
-from test_contract import COMBOS, with_logdir
-from test_executors import same_pools
-from test_ssl_plugins import ssl_recipe
+from conftest import (
+    COMBOS,
+    Fleet,
+    activate,
+    incoming,
+    prepared,
+    same_pools,
+    setup_message,
+    ssl_recipe,
+    tiny_recipe,
+    with_logdir,
+)
 
 from fedkit.config.schema import EngineConfig, validate
 from fedkit.core import runs
-from fedkit.core.engine import run_round
+from fedkit.core.engine import prepare, run_round
 from fedkit.rundir import checkpoint, logs
 from fedkit.rundir.integrity import sha256_bytes
 from fedkit.rundir.store import MEMORIES
@@ -25,7 +33,7 @@ pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'fedkit-fl[flower]')"
 )
 
-from fedkit.flower.flower_executor import use_link  # noqa: E402
+from fedkit.flower.flower_executor import FlowerExecutor  # noqa: E402
 from fedkit.flower.records import get_meta, state_keys  # noqa: E402
 from fedkit.flower.simulation import SimulationLink  # noqa: E402
 
@@ -57,14 +65,18 @@ def link():
     one after another."""
     opened = SimulationLink(NODES, EngineConfig(workers=2))
     opened.grid = Recording(opened.grid)
-    use_link(opened)
     yield opened
-    use_link(None)
     opened.close()
 
 
-def rows_and_pool(raw, executor: str, rounds: int = 2):
-    run = prepared({**raw, "engine": {**raw.get("engine", {}), "executor": executor}})
+def on(link) -> partial:
+    """The ``flower`` executor on the module's simulation, which it leaves open."""
+    return partial(FlowerExecutor, link=link)
+
+
+def rows_and_pool(raw, executor, rounds: int = 2):
+    """Rounds of ``raw`` under ``executor`` (a name, or ``on(link)``), as ``prepare`` takes it."""
+    run = prepare(*activate(raw), executor=executor)
     try:
         rows = [run_round(run, r) for r in range(1, rounds + 1)]
         return rows, [dict(s) for s in run.server.pool], run
@@ -84,12 +96,13 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_flower_simulation_gives_the_same_metrics_as_sequential(link, name, tmp_path):
     raw = with_logdir(CASES[name], tmp_path)
     seq_rows, seq_pool, _ = rows_and_pool(raw, "sequential")
     link.grid.replies.clear()
-    fl_rows, fl_pool, run = rows_and_pool(raw, "flower")
+    fl_rows, fl_pool, run = rows_and_pool(raw, on(link))
     assert fl_rows == seq_rows
     assert same_pools(fl_pool, seq_pool)
     private = run.server.private
@@ -101,12 +114,13 @@ def test_flower_simulation_gives_the_same_metrics_as_sequential(link, name, tmp_
         assert "fedkit.memory" not in content and "fedkit.staged" not in content
 
 
+@pytest.mark.slow
 def test_on_demand_offers_book_what_is_sent(link):
     """With three clusters and random choices, a client is sent only what it fetched:
     a request for a missing state runs the job again with it."""
     raw = CASES["ifca-pool-on-demand"]
     link.grid.replies.clear()
-    rows, _, run = rows_and_pool(raw, "flower", rounds=1)
+    rows, _, run = rows_and_pool(raw, on(link), rounds=1)
     needs = [get_meta(r.content).get("need") for r in link.grid.replies if not r.has_error()]
     assert any(n is not None for n in needs)  # some state was asked for
     ledger = [r for r in run.server.ledger.to_rows() if r["client"] in rows[0]["clients"]]
@@ -115,6 +129,7 @@ def test_on_demand_offers_book_what_is_sent(link):
     assert rows[0]["bytes"]["down_model"] == one_cluster * len(rows[0]["clients"])
 
 
+@pytest.mark.slow
 def test_a_flower_run_resumes_from_the_nodes_files(link, tmp_path):
     """Three rounds straight, against one round, a stop, and two more from the
     checkpoint (the nodes forget what they kept, then adopt the checkpoint's files)."""
@@ -124,89 +139,16 @@ def test_a_flower_run_resumes_from_the_nodes_files(link, tmp_path):
         engine={"executor": "flower"},
     )
     full = tmp_path / "full"
-    runs.execute(runs.start(validate(raw), full), full)
+    runs.execute(runs.start(validate(raw), full, executor=on(link)), full)
     part = tmp_path / "part"
     one = validate({**raw, "federation": {**raw["federation"], "rounds": 1}})
-    runs.execute(runs.start(one, part), part)
-    run, done = runs.resume(part, ["federation.rounds=3"])
+    runs.execute(runs.start(one, part, executor=on(link)), part)
+    run, done = runs.resume(part, ["federation.rounds=3"], on(link))
     runs.execute(run, part, done)
     for read in (logs.read_metrics, logs.read_ledger):
         assert read(part) == read(full)
     a, b = (checkpoint.read(out).pool for out in (full, part))
     assert a.keys() == b.keys() and all(same_pools([a[k]], [b[k]]) for k in a)
-
-
-class Fleet:
-    """Flower's Fleet connection as ``fedkit.flower.runner.serve`` uses it, without a
-    SuperLink: ``inbox`` holds (run id, message) pairs to hand out, each as Flower sends
-    one (a shell and its object tree; the objects on request), and what the node sends
-    back is kept, and ``replies`` inflates it. Run ``gone`` is no longer running."""
-
-    def __init__(self, inbox, gone=None):
-        self.inbox, self.gone, self.objects, self.confirmed = inbox, gone, {}, []
-        self.trees: list = []
-        self.pushed: dict[str, bytes] = {}
-
-    def connect(self, superlink, insecure, certificates, keys):
-        import contextlib
-
-        from flwr.supercore.inflatable.inflatable_object import (
-            get_all_nested_objects,
-            get_object_tree,
-            iterate_object_tree,
-        )
-        from flwr.supercore.run import RunNotRunningException
-
-        def receive():
-            if not self.inbox:
-                return None
-            message = self.inbox.pop(0)
-            message.metadata.__dict__["_message_id"] = message.object_id
-            tree = get_object_tree(message)
-            self.objects |= {k: v.deflate() for k, v in get_all_nested_objects(message).items()}
-            return message, tree
-
-        def get_run(run_id):
-            if run_id == self.gone:
-                raise RunNotRunningException
-            return type("Run", (), {"series_id": f"series-{run_id}"})()
-
-        def send(reply, tree, seconds):
-            self.trees.append(tree)
-            return {t.object_id for t in iterate_object_tree(tree)}, "session"
-
-        def push_object(run_id, session, key, content):
-            self.pushed[key] = content
-
-        @contextlib.contextmanager
-        def connection():
-            yield (
-                42, receive, send, get_run, None,
-                lambda run_id, key: self.objects[key],
-                push_object,
-                lambda run_id, key: self.confirmed.append(key),
-            )  # fmt: skip
-
-        return connection()
-
-    def replies(self):
-        """The messages the node sent, rebuilt from the objects it pushed."""
-        from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
-
-        return [
-            inflate_object_from_contents(t.object_id, dict(self.pushed), keep_object_contents=True)
-            for t in self.trees
-        ]
-
-
-def incoming(run_id: int, kind: str, value: int):
-    from flwr.app import ConfigRecord, Message, Metadata, RecordDict
-
-    meta = Metadata(
-        run_id=run_id, message_id="", src_node_id=1, dst_node_id=42, reply_to_message_id="",
-        group_id="1", created_at=time.time(), ttl=3600, message_type=kind,
-    )  # fmt: skip
-    return Message(RecordDict({"in": ConfigRecord({"value": value})}), metadata=meta)
 
 
 def test_a_deployed_node_answers_in_its_own_process_and_keeps_one_state_per_run(
@@ -258,6 +200,7 @@ def test_a_deployed_node_answers_in_its_own_process_and_keeps_one_state_per_run(
     assert slept == [0.02, 0.04, 0.08, 0.1, 0.1]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_sends_no_message_and_names_the_files_the_nodes_wrote(link, tmp_path):
     """Each node writes its client's new memory as it trains and names the file in its
     reply: the checkpoint's manifest is those names and hashes, and saving it sends
@@ -268,7 +211,7 @@ def test_a_checkpoint_sends_no_message_and_names_the_files_the_nodes_wrote(link,
         engine={"executor": "flower"},
     )
     out = tmp_path / "run"
-    run = runs.start(validate(raw), out)
+    run = runs.start(validate(raw), out, executor=on(link))
     try:
         row = run_round(run, 1)
         sent = run.executor.messages
@@ -281,6 +224,7 @@ def test_a_checkpoint_sends_no_message_and_names_the_files_the_nodes_wrote(link,
         run.close()
 
 
+@pytest.mark.slow
 def test_deployed_nodes_are_told_which_files_no_kept_checkpoint_can_need(
     link, tmp_path, monkeypatch
 ):
@@ -297,7 +241,7 @@ def test_deployed_nodes_are_told_which_files_no_kept_checkpoint_can_need(
     pushed.clear()
     monkeypatch.setattr(link, "remote", True)
     out = tmp_path / "run"
-    runs.execute(runs.start(validate(raw), out), out)
+    runs.execute(runs.start(validate(raw), out, executor=on(link)), out)
     trained = {row["round"]: {int(c) for c in row["clients"]} for row in logs.read_metrics(out)}
 
     def last_trained(client: int, round: int) -> int | None:
@@ -315,7 +259,8 @@ def test_deployed_nodes_are_told_which_files_no_kept_checkpoint_can_need(
 
     monkeypatch.setattr(link, "remote", False)
     pushed.clear()
-    runs.execute(runs.start(validate(raw), tmp_path / "simulated"), tmp_path / "simulated")
+    simulated = tmp_path / "simulated"
+    runs.execute(runs.start(validate(raw), simulated, executor=on(link)), simulated)
     assert all(get_meta(m.content).get("prune") is None for m in pushed)
 
 
@@ -338,7 +283,7 @@ def test_a_node_removes_files_no_checkpoint_can_name(tmp_path):
         state = RecordDict()
 
         def train(round: int, settled, prune=None) -> str:
-            run.server.round = round
+            run.record.round = round
             (job,) = jobs(run, [1])
             reply = node.handle("train", job_content(job, [0], settled, prune), state)
             result, _ = result_of(reply)
@@ -380,13 +325,7 @@ def test_a_node_refuses_to_adopt_a_file_it_cannot_check(tmp_path):
         run.close()
 
 
-def setup_message(run, token: str):
-    """The ``setup`` query the server sends a node at a run's start."""
-    from fedkit.flower.flower_executor import setup_content
-
-    return setup_content(run.executor.setup, run.executor, None, token)
-
-
+@pytest.mark.slow
 def test_a_deployed_nodes_state_names_its_files_and_trains_as_one_that_holds_bytes(tmp_path):
     """Flower moves a node's whole state with every message: a resident host (a deployed
     node's process) keeps the setup itself and the state names the memory's file, and
@@ -410,7 +349,7 @@ def test_a_deployed_nodes_state_names_its_files_and_trains_as_one_that_holds_byt
         for name, (host, state) in hosts.items():
             assert get_meta(host.handle("query", setup_message(run, name), state, 1))["client"] == 1
             for round, settled in ((1, None), (2, [1, 0]), (3, [2, 0])):
-                run.server.round = round
+                run.record.round = round
                 (job,) = jobs(run, [1])
                 reply = host.handle("train", job_content(job, [0], settled), state, 1)
                 result, _ = result_of(reply)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from flwr.app import Error, Message, Metadata, RecordDict  # noqa: E402
 from flwr.common.constant import ErrorCode  # noqa: E402
 
 from fedkit.flower import internals  # noqa: E402
-from fedkit.flower.flower_executor import series_of, use_link  # noqa: E402
+from fedkit.flower.flower_executor import FlowerExecutor, series_of  # noqa: E402
 from fedkit.flower.node import Node, NodeHost, checked_series  # noqa: E402
 from fedkit.flower.records import get_meta  # noqa: E402
 from fedkit.flower.runner import answer  # noqa: E402
@@ -134,17 +135,19 @@ def grid(tmp_path, monkeypatch):
 
     for name, value in (("_run_id", 7), ("_node_id", 1), ("_task_id", 1)):
         monkeypatch.setattr(TaskIdentity, name, value)
-    made = Grid(tmp_path / "nodes", 3)
-    use_link(Link(made))
-    yield made
-    use_link(None)
+    return Grid(tmp_path / "nodes", 3)
 
 
-def execute(raw, out: Path, act: dict | None = None, overrides=None):
+def nodes(grid: Grid) -> partial:
+    """The ``flower`` executor on ``grid``'s nodes (handed to the engine as a value)."""
+    return partial(FlowerExecutor, link=Link(grid))
+
+
+def execute(grid: Grid, raw, out: Path, act: dict | None = None, overrides=None):
     if out.exists():
-        run, done = runs.resume(out, overrides)
+        run, done = runs.resume(out, overrides, nodes(grid))
     else:
-        run, done = runs.start(validate(raw), out), 0
+        run, done = runs.start(validate(raw), out, executor=nodes(grid)), 0
     return runs.execute(run, out, done, Before(act or {}))
 
 
@@ -168,6 +171,7 @@ def kill_and_restart(grid: Grid, same_id: bool) -> dict:
     return {2: lambda: grid.dead.add(node), 3: lambda: (grid.hosts.pop(node), grid.start(1))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("same_id", [False, True], ids=["new-node-id", "same-node-id"])
 def test_a_node_that_dies_fails_its_round_and_rejoins_where_its_client_was(grid, tmp_path, same_id):
     """A dead node is its client's failure (recorded, with the reason), the round goes
@@ -175,7 +179,7 @@ def test_a_node_that_dies_fails_its_round_and_rejoins_where_its_client_was(grid,
     private layers) and trains: the run equals one where that client only raised in
     round 2."""
     out = tmp_path / "killed"
-    execute(RECIPE, out, kill_and_restart(grid, same_id))
+    execute(grid, RECIPE, out, kill_and_restart(grid, same_id))
     rows = logs.read_metrics(out)
     assert [row["clients"] for row in rows] == [[0, 1, 2]] * 3
     (failed,) = [f for f in failures(out) if f["client"] == 1]
@@ -186,15 +190,15 @@ def test_a_node_that_dies_fails_its_round_and_rejoins_where_its_client_was(grid,
 
     other = Grid(tmp_path / "other-nodes", 3)  # the same client raising in round 2 instead
     other.raising.add((other.node_of(1), 2))
-    use_link(Link(other))
     reference = tmp_path / "raised"
-    execute(RECIPE, reference)
+    execute(other, RECIPE, reference)
     assert [f["client"] for f in failures(reference)] == [1]
     assert without_failures(rows) == without_failures(logs.read_metrics(reference))
     a, b = (checkpoint.read(o).pool for o in (out, reference))
     assert all((a[k][t] == b[k][t]).all() for k in a for t in a[k])
 
 
+@pytest.mark.slow
 def test_a_second_node_that_cannot_take_the_memory_back_leaves_the_client_where_it_was(
     grid, tmp_path, capsys
 ):
@@ -203,7 +207,7 @@ def test_a_second_node_that_cannot_take_the_memory_back_leaves_the_client_where_
     and the client trains on its first node without a failure."""
     first = grid.node_of(0)
     out = tmp_path / "run"
-    execute(RECIPE, out, {2: lambda: grid.start(0, folder="elsewhere")})  # a twin of node 0
+    execute(grid, RECIPE, out, {2: lambda: grid.start(0, folder="elsewhere")})  # a twin of node 0
     assert failures(out) == []
     assert "a node joined for client 0 but" in capsys.readouterr().out
     trained = [m for m in grid.pushed if m.metadata.message_type == "train"]
@@ -217,7 +221,7 @@ def test_a_queried_node_that_is_gone_is_named_not_a_key_error(grid, tmp_path):
     SuperLink's reason, as a FedkitError."""
     out = tmp_path / "run"
     raw = {**RECIPE, "federation": {**RECIPE["federation"], "rounds": 1}}
-    run = runs.start(validate(raw), out)
+    run = runs.start(validate(raw), out, executor=nodes(grid))
     try:
         grid.dead.add(grid.node_of(2))
         with pytest.raises(FedkitError, match="client 2: unavailable: node unavailable"):
@@ -226,15 +230,16 @@ def test_a_queried_node_that_is_gone_is_named_not_a_key_error(grid, tmp_path):
         run.close()
 
 
+@pytest.mark.slow
 def test_two_runs_on_the_same_nodes_keep_their_files_apart_and_the_first_resumes(grid, tmp_path):
     """Two runs with different seeds on the same nodes, then the first extended by a
     round: it resumes from its own files and equals three rounds straight. Each run
     series has its own folder on every node, named after the run directory."""
     two = {**RECIPE, "federation": {**RECIPE["federation"], "rounds": 2}}
-    execute(two, tmp_path / "first")
-    execute({**two, "seed": 1}, tmp_path / "second")
-    execute(two, tmp_path / "first", overrides=["federation.rounds=3"])
-    execute(RECIPE, tmp_path / "straight")
+    execute(grid, two, tmp_path / "first")
+    execute(grid, {**two, "seed": 1}, tmp_path / "second")
+    execute(grid, two, tmp_path / "first", overrides=["federation.rounds=3"])
+    execute(grid, RECIPE, tmp_path / "straight")
     for read in (logs.read_metrics, logs.read_ledger):
         assert read(tmp_path / "first") == read(tmp_path / "straight")
     for k in range(3):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_chaos_soak import assert_all_end, raylet_driver
+from conftest import assert_all_end, free_port, raylet_driver
 
 from fedkit.config.schema import EngineConfig
 from fedkit.core.ray_executor import init_options
 from fedkit.core.ray_reaper import _psutil, kill
 from fedkit.rundir import logs
+
+pytestmark = pytest.mark.slow  # a Ray head of its own, started with `ray start`
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'fedkit-fl[ray]')")
 
@@ -80,12 +81,6 @@ def end(processes: list[Any]) -> None:
             continue
     _, left = psutil.wait_procs(processes, timeout=5)
     kill(left)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import fedkit.core.worker
 from fedkit.config.schema import validate
 from fedkit.core.aggregation import weighted_mean
 from fedkit.core.messages import ClientSetup
-from fedkit.core.server import Upload
 from fedkit.core.worker import Worker, non_finite, plain_loading
+from fedkit.plugin.server import Upload
 from fedkit.seeding import seed_everything
 from fedkit.testing import assert_same_runs, run_recipe, tiny_recipe
 
@@ -47,6 +47,7 @@ def plain_weighted_mean(uploads, key):
     return mean.to(first.dtype) if first.is_floating_point() else mean.floor().to(first.dtype)
 
 
+@pytest.mark.slow
 def test_fp32_runs_are_unchanged_by_the_hot_path(monkeypatch):
     raw = tiny_recipe(plugins=["fedavg"])
     fast = run_recipe(raw)

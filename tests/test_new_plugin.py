@@ -7,9 +7,12 @@ import subprocess
 import sys
 import sysconfig
 
+import pytest
 from typer.testing import CliRunner
 
 from fedkit.cli.app import app
+
+pytestmark = pytest.mark.slow  # installs a generated package and runs its tests in a subprocess
 
 
 def test_a_new_plugin_installs_and_its_tests_pass(tmp_path):

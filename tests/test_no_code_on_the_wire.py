@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import pickle
 from pathlib import Path
 
@@ -204,14 +205,14 @@ def test_a_node_answers_setup_train_and_evaluate_with_unpickling_impossible(run,
     host, state = NodeHost(), RecordDict()
     setup = setup_content(run.executor.setup, run.executor, None, "clean")
     assert get_meta(host.handle("query", setup, state, 1))["client"] == 1
-    run.server.round = 1
+    run.record.round = 1
     (job,) = jobs(run, [1])
     result, need = result_of(host.handle("train", job_content(job, [0], None), state, 1))
     assert need is None and result.failure is None
     assert set(result.upload) == set(run.server.pool[0])
     from fedkit.core.messages import EvalJob
 
-    ask = EvalJob(1, 1, 0, run.server.pool[0], ("accuracy",))
+    ask = EvalJob(1, 1, 0, job.lr, run.server.pool[0], ("accuracy",))
     scores = get_meta(host.handle("evaluate", eval_content(ask, [1, 0]), state, 1))
     assert "accuracy" in scores["metrics"]
 
@@ -305,3 +306,23 @@ def test_a_reply_naming_another_client_or_malformed_is_refused_not_fatal(run):
         read_reply(asking, result_of, 3, 2)
     with pytest.raises(MalformedReply, match="malformed"):
         read_reply(message({"client": 3}), result_of, 3, 1)
+
+
+def test_a_jobs_learning_rate_crosses_as_a_json_number_and_is_checked_on_arrival(run):
+    """The round's learning rate travels in the job's JSON value, exactly (a float's JSON
+    text reads back to the same float); a node refuses a job whose rate is not a finite
+    number, rather than training with it."""
+    from fedkit.core.messages import EvalJob
+    from fedkit.flower.records import eval_of, job_of
+
+    run.record.round = 2
+    (job,) = jobs(run, [1])
+    job.lr = 0.1 + 0.2  # a float without a short decimal form
+    assert job_of(job_content(job, [0], None)).lr == job.lr
+    ask = EvalJob(2, 1, 0, job.lr, run.server.pool[0], ("accuracy",))
+    assert eval_of(eval_content(ask, None)).lr == job.lr
+    for bad in ("0.1", None, True, float("nan"), -1.0, [0.1]):
+        content = job_content(job, [0], None)
+        content[META] = ConfigRecord({"json": json.dumps({**get_meta(content), "lr": bad})})
+        with pytest.raises(ValueError, match="learning rate must be a finite number"):
+            job_of(content)

@@ -25,8 +25,15 @@ import pytest
 
 pytest.importorskip("flwr", reason="the flower extra is not installed")
 
-from test_deployment import certificates, free_port, group_members, start, stop  # noqa: E402
-from test_flower import Fleet, incoming  # noqa: E402
+from conftest import (  # noqa: E402
+    Fleet,
+    certificates,
+    free_port,
+    group_members,
+    incoming,
+    start_process,
+    stop_processes,
+)
 
 from fedkit.flower import internals, runner  # noqa: E402
 
@@ -391,6 +398,7 @@ def test_a_401_or_an_unrecognised_heartbeat_loses_the_node_without_a_signal(flow
 # one real restart
 
 
+@pytest.mark.slow
 def test_a_node_rejoins_a_superlink_restarted_under_tls_and_node_authentication(tmp_path):
     """A TLS SuperLink that admits registered nodes only, kept in memory: restarting it
     forgets the node and its key. The node says so, retries until the key is registered
@@ -450,14 +458,14 @@ def test_a_node_rejoins_a_superlink_restarted_under_tls_and_node_authentication(
                 assert time.monotonic() < deadline, "the SuperLink did not start"
                 time.sleep(0.1)
 
-    procs = [start(superlink, tmp_path / "superlink1.log", env)]
+    procs = [start_process(superlink, tmp_path / "superlink1.log", env)]
     try:
         link_up()
         subprocess.run(register, env=env, check=True, capture_output=True, timeout=60)
-        procs.append(start(node, log, env))
+        procs.append(start_process(node, log, env))
         until("joined")
-        stop(procs[:1])  # the SuperLink restarts, forgetting the node and its key
-        procs[0] = start(superlink, tmp_path / "superlink2.log", env)
+        stop_processes(procs[:1])  # the SuperLink restarts, forgetting the node and its key
+        procs[0] = start_process(superlink, tmp_path / "superlink2.log", env)
         link_up()
         until("does not know this node yet")
         subprocess.run(register, env=env, check=True, capture_output=True, timeout=60)
@@ -466,8 +474,8 @@ def test_a_node_rejoins_a_superlink_restarted_under_tls_and_node_authentication(
         assert "no longer knows this node" in text
         assert "Traceback" not in text and procs[1].poll() is None
     finally:
-        stop(procs[1:])
-        stop(procs[:1])
+        stop_processes(procs[1:])
+        stop_processes(procs[:1])
         time.sleep(0.3)
         left = [pid for proc in procs for pid in group_members(proc.pid)]
         assert left == [], f"processes left behind: {left}"

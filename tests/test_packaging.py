@@ -93,6 +93,7 @@ def wheel(tmp_path_factory) -> Path:
     return found
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_module_and_recipe_under_its_name(wheel):
     assert wheel.name.startswith(DISTRIBUTION.replace("-", "_") + "-")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -120,6 +121,7 @@ def lend_dependencies(venv_site: Path, lent: Path) -> None:
     (venv_site / "zz_lent.pth").write_text(f"{lent}\n")
 
 
+@pytest.mark.slow
 def test_the_wheel_installed_in_a_fresh_venv_runs_flower_and_deploy(wheel, tmp_path):
     pytest.importorskip("flwr", reason="the flower extra is not installed")
     venv = tmp_path / "venv"

@@ -12,7 +12,7 @@ import torch
 from conftest import client_context, kept_model, prepared, spied, tensor_bytes, tiny_recipe
 
 from fedkit.core.engine import run_round
-from fedkit.core.ledger import TENSOR_FIELDS
+from fedkit.plugin.ledger import TENSOR_FIELDS
 from fedkit.training import accuracy
 from fedkit_plugins.ditto import PERSONAL, Ditto
 from fedkit_plugins.finetune import fine_tuned
@@ -49,6 +49,7 @@ def without(row, *prefixes):
 # ---------------------------------------------------------------- Ditto
 
 
+@pytest.mark.slow
 def test_dittos_global_model_is_fedavgs_and_clients_are_scored_with_their_own():
     plain, plain_rows, _ = rounds(recipe())
     ditto, ditto_rows, _ = rounds(recipe({"ditto": {"lam": 0.1}}))
@@ -143,6 +144,7 @@ def test_fedrep_trains_the_head_first_with_the_received_body_frozen():
 # ---------------------------------------------------------------- FedBABU
 
 
+@pytest.mark.slow
 def test_fedbabu_never_trains_the_head_during_federation():
     raw = recipe({"fedbabu": {"finetune_epochs": 1}})
     run, rows, spy = rounds(raw, n=3, spy=True)
@@ -163,6 +165,7 @@ def build_classifier_like(run):
     return {k: v for k, v in run.server.template.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_fedbabu_scores_a_fine_tuned_copy_and_keeps_the_global_model():
     tuned_run, tuned_rows, _ = rounds(recipe({"fedbabu": {"finetune_epochs": 2}}))
     plain_run, plain_rows, _ = rounds(recipe({"fedbabu": {"finetune_epochs": 0}}))
@@ -174,6 +177,7 @@ def test_fedbabu_scores_a_fine_tuned_copy_and_keeps_the_global_model():
 # ---------------------------------------------------------------- local fine-tuning
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("part", ["all", "head"])
 def test_fine_tuning_changes_only_what_a_client_is_scored_with(part):
     plain, plain_rows, _ = rounds(recipe())

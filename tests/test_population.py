@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from conftest import tiny_recipe
 
 from fedkit.config.schema import validate
@@ -36,6 +37,7 @@ def population(clients: int):
     return prepare(validate(raw))
 
 
+@pytest.mark.slow
 def test_a_metrics_row_does_not_grow_with_the_registered_clients():
     rows = {}
     for n in (20, 20_000):  # more clients than digits has training images

@@ -48,6 +48,7 @@ class Witness:
         return {}
 
 
+@pytest.mark.slow
 def test_bf16_runs_are_reproducible_and_differ_from_fp32():
     raw = small(precision="bf16", channels_last=True)
     assert precision.padding_only_taps(timm.create_model("test_resnet", num_classes=0), 64) == []

@@ -11,9 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_recipe
-from test_executors import run_all, same_pools
-from test_resume import checkpoint_round, fedkit
+from conftest import checkpoint_round, run_all, run_fedkit, same_pools, tiny_recipe
 
 from fedkit.config.schema import validate
 from fedkit.core import runs
@@ -21,6 +19,8 @@ from fedkit.core.engine import prepare, run_round
 from fedkit.core.faults import draw
 from fedkit.rundir import checkpoint, logs
 from fedkit.seeding import derive
+
+pytestmark = pytest.mark.slow  # a Ray cluster, workers killed
 
 ray = pytest.importorskip(
     "ray", reason="the ray extra is not installed (pip install 'fedkit-fl[ray]')"
@@ -93,7 +93,7 @@ def kill_and_resume(
     is checkpointed: the run must exit 143. Returns the checkpointed round at each kill."""
     rng = np.random.default_rng(seed)
     targets, delays = sorted(rng.integers(0, rounds, kills).tolist()), rng.uniform(0, 0.6, kills)
-    proc = fedkit("run", str(path), "--out", str(out), wait=False)
+    proc = run_fedkit("run", str(path), "--out", str(out), wait=False)
     killed_at = []
     for number, (target, delay) in enumerate(zip(targets, delays, strict=True)):
         term = number in terms
@@ -110,9 +110,9 @@ def kill_and_resume(
             assert code == 143 or checkpoint_round(out) == rounds, (number, code)
         killed_at.append(checkpoint_round(out))
         if (out / "recipe.yaml").is_file():
-            proc = fedkit("run", "--resume", str(out), wait=False)
+            proc = run_fedkit("run", "--resume", str(out), wait=False)
         else:  # killed before the run directory existed: start it again
-            proc = fedkit("run", str(path), "--out", str(out), wait=False)
+            proc = run_fedkit("run", str(path), "--out", str(out), wait=False)
     assert proc.wait(timeout=600) == 0
     return killed_at
 

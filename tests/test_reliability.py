@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import tiny_recipe
-from test_resume import checkpoint_round, fedkit
+from conftest import checkpoint_round, run_fedkit, tiny_recipe
 from typer.testing import CliRunner
 
 from fedkit.cli.app import app
@@ -159,6 +158,7 @@ def damageable(half: Path) -> list[str]:
     return [n for n in names if (half / n).stat().st_size > 0]
 
 
+@pytest.mark.slow
 def test_a_flipped_byte_in_any_file_is_found_and_never_used(reference, tmp_path):
     expected = results(reference / "full")
     outcomes = {}
@@ -315,10 +315,11 @@ SLOW = tiny_recipe(federation={"rounds": 30}, faults={"straggler": 1.0, "delay":
 """A run that takes over a minute: every client sleeps a second each round."""
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_while_a_run_is_live(write_recipe, tmp_path):
     path = write_recipe(SLOW)
     out = tmp_path / "run"
-    proc = fedkit("run", str(path), "--out", str(out), wait=False)
+    proc = run_fedkit("run", str(path), "--out", str(out), wait=False)
     try:
         deadline = time.monotonic() + 120
         while checkpoint.latest_round(out) is None:
@@ -334,6 +335,7 @@ def test_a_second_writer_is_refused_while_a_run_is_live(write_recipe, tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_and_says_how_to_resume(write_recipe, tmp_path):
     path = write_recipe(SLOW)
     out = tmp_path / "run"
@@ -373,6 +375,7 @@ def test_out_that_is_a_file_or_under_a_file(write_recipe, tmp_path):
     assert afile.read_text() == "x"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "code,advice",
     [
@@ -455,7 +458,7 @@ def test_a_quorum_message_without_failures_has_no_empty_list():
     from fedkit.core.engine import RoundFailed, check_quorum, prepare
 
     run = prepare(validate(RECIPE))
-    run.server.round = 1
+    run.record.round = 1
     with pytest.raises(RoundFailed) as caught:
         check_quorum(run, [], [])
     assert "; ." not in str(caught.value) and "(1). " in str(caught.value)
@@ -486,6 +489,7 @@ def test_new_plugin_on_a_full_disk_leaves_nothing_and_a_retry_works(tmp_path, mo
     assert again.exit_code == 0 and (tmp_path / "myprox" / "myprox" / "plugin.py").is_file()
 
 
+@pytest.mark.slow
 def test_a_runs_numbers_do_not_depend_on_the_processes_thread_count():
     """Clients train at ``engine.num_cpus`` threads; more threads would change the sums'
     order (the 8th digit of the loss here)."""
@@ -569,6 +573,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(DAMAGE))
 def test_report_and_compare_name_a_damaged_file_without_a_traceback(finished_run, tmp_path, case):
     name, replace, *append = DAMAGE[case]
@@ -587,6 +592,7 @@ def test_report_and_compare_name_a_damaged_file_without_a_traceback(finished_run
         assert result.exit_code == 2 and str(damaged / name) in result.output, (args, result.output)
 
 
+@pytest.mark.slow
 def test_report_shows_a_recipe_that_is_not_text(finished_run, tmp_path):
     damaged = tmp_path / "damaged"
     shutil.copytree(finished_run, damaged)
@@ -598,6 +604,7 @@ def test_report_shows_a_recipe_that_is_not_text(finished_run, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_sigterm_exits_143_with_a_resume_line_and_the_checkpoint_intact(write_recipe, tmp_path):
     raw = {**RECIPE, "federation": {**RECIPE["federation"], "rounds": 30}}
     out = tmp_path / "run"
@@ -616,6 +623,7 @@ def test_sigterm_exits_143_with_a_resume_line_and_the_checkpoint_intact(write_re
     assert checkpoint.read(out).round >= 1
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_run_is_ignored_and_resume_falls_back_to_its_own(tmp_path):
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     short = {**RECIPE, "federation": {**RECIPE["federation"], "rounds": 2}}

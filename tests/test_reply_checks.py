@@ -20,11 +20,11 @@ from fedkit import PluginOptions, hookimpl
 from fedkit.cli.app import app
 from fedkit.core import reply_checks
 from fedkit.core.engine import run_round
-from fedkit.core.ledger import TENSOR_FIELDS
 from fedkit.core.messages import EvalResult
 from fedkit.core.runs import run as run_recipe
 from fedkit.core.worker import Worker
 from fedkit.errors import RoundFailed
+from fedkit.plugin.ledger import TENSOR_FIELDS
 from fedkit.plugin.reported import MAX_TEXT, MAX_VALUES, MetricError
 from fedkit.rundir.logs import read_failures, read_ledger
 
@@ -180,7 +180,7 @@ def test_reported_values_are_booked_and_the_total_is_everything_that_crossed():
 
 
 def test_a_checkpoint_without_the_metrics_fields_resumes_with_zero():
-    from fedkit.core.ledger import Ledger
+    from fedkit.plugin.ledger import Ledger
 
     old = {f: 1 for f in TENSOR_FIELDS}  # a fedkit before the metrics fields
     ledger = Ledger()
@@ -263,6 +263,7 @@ REASONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(REASONS))
 def test_a_bad_reply_is_refused_before_any_hook_and_recorded(mode, tmp_path, monkeypatch):
     if mode == "nan":  # a client that does not check its own upload (another program)

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_clustered import make_blobs, recipe
-from test_ssl_plugins import ssl_recipe
+from conftest import blobs_recipe, make_blobs, ssl_recipe
 from typer.testing import CliRunner
 
 from fedkit.cli.app import app
@@ -55,7 +54,7 @@ def cli_run(path: Path, out: Path, *extra: str):
 def ifca_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four IFCA rounds on 9 generated clients in 3 groups, run through the CLI."""
     root = tmp_path_factory.mktemp("ifca")
-    raw = recipe(
+    raw = blobs_recipe(
         make_blobs(root / "blobs"),
         {"ifca": {"restarts": 3}},
         **{"federation.rounds": 4, "federation.local_epochs": 2},
@@ -86,6 +85,7 @@ def images_of(page: Path) -> list[bytes]:
     return [base64.b64decode(s.split(",", 1)[1]) for s in sources]
 
 
+@pytest.mark.slow
 def test_run_writes_a_self_contained_report_with_every_plot(ifca_run: Path) -> None:
     plots = {p.stem: p.read_bytes() for p in (ifca_run / "report").glob("*.png")}
     assert {"accuracy", "loss", "bytes", "client_accuracy", "clusters", "partition"} <= set(plots)
@@ -97,6 +97,7 @@ def test_run_writes_a_self_contained_report_with_every_plot(ifca_run: Path) -> N
     assert "<h2>Recipe</h2>" in text and "ifca" in text
 
 
+@pytest.mark.slow
 def test_report_command_rewrites_the_page_from_the_run_directory(ifca_run: Path) -> None:
     (ifca_run / "report.html").unlink()
     result = runner.invoke(app, ["report", str(ifca_run)])
@@ -104,6 +105,7 @@ def test_report_command_rewrites_the_page_from_the_run_directory(ifca_run: Path)
     assert len(images_of(ifca_run / "report.html")) >= 6
 
 
+@pytest.mark.slow
 def test_cluster_plot_reads_every_client_every_round(ifca_run: Path) -> None:
     data = RunData(ifca_run)
     assert [row["round"] for row in data.clients] == [1, 2, 3, 4]
@@ -111,6 +113,7 @@ def test_cluster_plot_reads_every_client_every_round(ifca_run: Path) -> None:
     assert data.series("ari")[0] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_report_of_a_dapu_run_plots_its_divergences_and_decisions(tmp_path: Path) -> None:
     raw = ssl_recipe("fedu", ("dapu", {"mu": 0.4}), rounds=3)
     path = tmp_path / "dapu.yaml"
@@ -124,6 +127,7 @@ def test_report_of_a_dapu_run_plots_its_divergences_and_decisions(tmp_path: Path
     assert {"dapu_divergence", "dapu_global"} <= labels
 
 
+@pytest.mark.slow
 def test_no_report_writes_no_page(tmp_path: Path) -> None:
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(tiny_recipe(federation={"rounds": 1})))
@@ -139,6 +143,7 @@ def test_report_of_a_folder_that_is_not_a_run_exits_2(tmp_path: Path) -> None:
     assert "expected a run directory" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_json_prints_a_parseable_summary_and_quiet_prints_no_table(
     fedavg_runs: list[Path],
 ) -> None:
@@ -151,6 +156,7 @@ def test_json_prints_a_parseable_summary_and_quiet_prints_no_table(
     assert quiet.strip() == str(fedavg_runs[1])  # only the run directory
 
 
+@pytest.mark.slow
 def test_compare_puts_runs_side_by_side(fedavg_runs: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     args = ["compare", *map(str, fedavg_runs), "--out", str(out), "--markdown"]
@@ -164,11 +170,13 @@ def test_compare_puts_runs_side_by_side(fedavg_runs: list[Path], tmp_path: Path)
     assert len(images_of(out / "compare.html")) >= 3  # accuracy, personalised, loss
 
 
+@pytest.mark.slow
 def test_compare_needs_two_runs(fedavg_runs: list[Path]) -> None:
     result = runner.invoke(app, ["compare", str(fedavg_runs[0])])
     assert result.exit_code == 2 and "at least two" in result.output
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
 def test_pages_load_in_headless_chromium_with_every_image_and_no_error(
     ifca_run: Path, fedavg_runs: list[Path], tmp_path: Path
@@ -188,6 +196,7 @@ def test_pages_load_in_headless_chromium_with_every_image_and_no_error(
     assert 'alt="cluster_confusion"' in (ifca_run / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_tensorboard_observer_logs_each_rows_numbers(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -205,6 +214,7 @@ def test_tensorboard_observer_logs_each_rows_numbers(tmp_path: Path) -> None:
         assert [v for _, v in logged] == pytest.approx([v for _, v in wanted], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_mlflow_observer_logs_each_rows_numbers_and_resumes_into_the_same_run(
     tmp_path: Path,
 ) -> None:
@@ -234,6 +244,7 @@ def test_mlflow_observer_logs_each_rows_numbers_and_resumes_into_the_same_run(
         assert history == [(r["round"], pytest.approx(value(r), rel=1e-12)) for r in rows]
 
 
+@pytest.mark.slow
 def test_compare_groups_seeds_and_names_the_recipe_differences(
     fedavg_runs: list[Path], tmp_path: Path
 ) -> None:
@@ -286,6 +297,7 @@ def test_the_cluster_map_lists_every_client_by_id_and_group_and_the_confusion_co
     assert page.is_file()
 
 
+@pytest.mark.slow
 def test_the_report_shows_server_values_curves_time_and_class_names(tmp_path):
     """What a CP-CFL run logs beyond accuracy: a flag and a count every round, a score and
     a pre-training curve once; the rounds' wall time; the classes by name."""
@@ -335,6 +347,7 @@ def test_the_report_shows_server_values_curves_time_and_class_names(tmp_path):
     assert "<td>2: cat eel</td>" in page and "<td>1: dog</td>" in page
 
 
+@pytest.mark.slow
 def test_a_run_directory_records_its_class_names(fedavg_runs: list[Path]) -> None:
     names = json.loads((fedavg_runs[0] / "classes.json").read_text())
     assert names == [str(d) for d in range(10)]  # scikit-learn's digits

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from conftest import tiny_recipe
 from safetensors.torch import load_file
@@ -12,6 +13,8 @@ from typer.testing import CliRunner
 from fedkit.cli.app import app
 from fedkit.rundir.integrity import sha256_file
 from fedkit.rundir.logs import read_clients, read_ledger, read_metrics
+
+pytestmark = pytest.mark.slow  # whole runs through the CLI
 
 runner = CliRunner()
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
-from conftest import prepared, spied, tiny_recipe
+from conftest import kill_after_checkpoint, prepared, spied, tiny_recipe
 from safetensors.torch import load_file
-from test_resume import kill_after_checkpoint
 from torch import nn
 from typer.testing import CliRunner
 
@@ -94,6 +94,7 @@ def rounds_to(target: torch.Tensor, path: list[torch.Tensor], tol: float) -> int
     return next((r for r, w in enumerate(path, 1) if (w - target).norm() < tol), None)
 
 
+@pytest.mark.slow
 def test_scaffold_reaches_the_optimum_where_fedavg_drifts():
     w_star, w_fedavg = optimum_and_fedavg_fixed_point()
     assert torch.allclose(w_star, torch.full((2,), 10 / 11))
@@ -177,6 +178,7 @@ def client_memories(out) -> dict[str, dict[str, torch.Tensor]]:
     return flat
 
 
+@pytest.mark.slow
 def test_control_variates_survive_sigkill_and_resume(write_recipe, tmp_path):
     raw = tiny_recipe(
         plugins=["fedavg", "scaffold"],

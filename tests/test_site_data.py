@@ -5,12 +5,9 @@ federation's statistics; a node set up with it trains on those images."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
-from conftest import tiny_recipe
-from PIL import Image
+from conftest import setup_message, tiny_recipe, write_images
 
 from fedkit.config.schema import validate
 from fedkit.core.engine import jobs, prepare
@@ -19,15 +16,6 @@ from fedkit.errors import RecipeError
 
 CLASSES = [str(d) for d in range(10)]
 STATS = ((0.1, 0.2, 0.3), (0.5, 0.5, 0.5))
-
-
-def write_images(folder: Path, counts: dict[str, int], seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    for name, count in counts.items():
-        (folder / name).mkdir(parents=True, exist_ok=True)
-        for i in range(count):
-            pixels = rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(folder / name / f"{i:03d}.png")
 
 
 def cfg(local_test_size: int = 2):
@@ -67,7 +55,6 @@ def test_a_node_with_a_site_trains_on_the_sites_images(tmp_path):
     site: it declares the site's sample count and its train reply weighs that many."""
     pytest.importorskip("flwr", reason="the flower extra is not installed")
     from flwr.app import RecordDict
-    from test_flower import setup_message
 
     from fedkit.flower.node import NodeHost
     from fedkit.flower.records import get_meta, job_content, result_of
@@ -79,7 +66,7 @@ def test_a_node_with_a_site_trains_on_the_sites_images(tmp_path):
     host, state = NodeHost(tmp_path / "memories", site=tmp_path / "site"), RecordDict()
     answer = get_meta(host.handle("query", content, state, 2))
     assert answer == {"client": 2, "samples": 14 - run.recipe.data.local_test_size}
-    run.server.round = 1
+    run.record.round = 1
     (job,) = [j for j in jobs(run, [2])]
     reply = host.handle("train", job_content(job, [0], None), state, 2)
     result, need = result_of(reply)

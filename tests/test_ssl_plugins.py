@@ -8,53 +8,31 @@ import math
 
 import pytest
 import torch
-from conftest import kept_model, prepared, spied, tensor_bytes, tiny_recipe
+from conftest import (
+    kept_model,
+    keys_under,
+    prepared,
+    run_rounds,
+    same_keys,
+    spied,
+    ssl_recipe,
+    tensor_bytes,
+)
 from torch import nn
 
 from fedkit.config.schema import validate
 from fedkit.core.engine import run_round
-from fedkit.core.ledger import TENSOR_FIELDS
 from fedkit.errors import RecipeError
 from fedkit.evaluation.scoring import score_encoder
+from fedkit.plugin.ledger import TENSOR_FIELDS
 from fedkit_plugins._ssl_common import byol_loss_fn
 from fedkit_plugins.fedsimclr import FedSimCLR
 from fedkit_plugins.fedsimsiam import simsiam_loss_fn
 
-HEADS = {"projector_hidden": 16, "projection_dim": 8, "predictor_hidden": 16}
 TARGET = ("target_encoder.", "target_projector.")
 
 
-def ssl_recipe(*plugins, rounds: int = 2, **sections):
-    """A tiny SSL recipe: 3 clients on 120 digits images at 16×16, small heads."""
-    specs = []
-    for p in plugins:
-        name, options = (p, {}) if isinstance(p, str) else p
-        if name in ("fedbyol", "fedu", "fedsimsiam", "fedsimclr"):
-            options = {**HEADS, **options}
-        specs.append({name: options})
-    raw = tiny_recipe(
-        data={"max_train": 120, "partition": {"name": "classes_per_client", "k": 4}},
-        federation={"rounds": rounds, "batch_size": 16, "optimizer": {"name": "sgd", "lr": 0.05}},
-        plugins=specs,
-        evaluation={"protocol": "none", "every": 0},
-    )
-    for name, value in sections.items():
-        raw[name] = {**raw[name], **value}
-    return raw
-
-
-def rounds(run, n):
-    return [run_round(run, r) for r in range(1, n + 1)]
-
-
-def same(a: dict, b: dict, keys) -> bool:
-    return all(torch.equal(a[k], b[k]) for k in keys)
-
-
-def part(state: dict, prefix: str) -> list[str]:
-    return [k for k in state if k.startswith(prefix)]
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "plugins",
     [
@@ -69,38 +47,40 @@ def part(state: dict, prefix: str) -> list[str]:
 def test_plugins_train_end_to_end_with_knn_monitor(plugins):
     raw = ssl_recipe(*plugins, evaluation={"protocol": "knn", "every": 1})
     run = prepared(raw)
-    rows = rounds(run, 2)
+    rows = run_rounds(run, 2)
     assert all(math.isfinite(r["train_loss"]) for r in rows)
     assert all(0.0 <= r["knn_accuracy"] <= 1.0 for r in rows)
     assert rows[1]["bytes"]["up_model"] > 0
 
 
+@pytest.mark.slow
 def test_fedbyol_uploads_online_and_predictor_replaces_them_and_keeps_target():
     run, spy = spied(ssl_recipe("fedbyol"))
-    rounds(run, 1)
+    run_rounds(run, 1)
     kept = {cid: kept_model(run, cid) for cid in range(3)}
     run_round(run, 2)
     template = run.server.template.state_dict()
     shared = [k for k in template if not k.startswith(TARGET)]
     targets = [k for k in template if k.startswith(TARGET)]
-    assert part(template, "predictor.") and targets
+    assert keys_under(template, "predictor.") and targets
     assert all(set(kept[cid]) == set(targets) for cid in range(3))  # keeps its target only
     for up in spy.uploads[1]:
         assert set(up.tensors) == set(shared)
     assert set(run.server.pool[0]) == set(shared)
     for cid in range(3):
         first, second = spy.loaded[(1, cid)], spy.loaded[(2, cid)]
-        for k in part(first, "encoder.") + part(first, "projector."):
+        for k in keys_under(first, "encoder.") + keys_under(first, "projector."):
             assert torch.equal(first["target_" + k], first[k])  # first participation: copy
-        assert same(second, spy.received[(2, cid)], shared)  # online + predictor replaced
-        assert same(second, kept[cid], targets)  # the client's own target, as it left round 1
-        assert same(spy.trained[(1, cid)], kept[cid], targets)
-        assert not same(second, spy.trained[(1, cid)], part(second, "encoder."))
+        assert same_keys(second, spy.received[(2, cid)], shared)  # online + predictor replaced
+        assert same_keys(second, kept[cid], targets)  # the client's own target, as it left round 1
+        assert same_keys(spy.trained[(1, cid)], kept[cid], targets)
+        assert not same_keys(second, spy.trained[(1, cid)], keys_under(second, "encoder."))
 
 
+@pytest.mark.slow
 def test_global_model_is_the_weighted_mean_of_the_clients_models():
     run, spy = spied(ssl_recipe("fedbyol", rounds=1))
-    rounds(run, 1)
+    run_rounds(run, 1)
     clients = run.executor.clients
     weights = torch.tensor([float(len(clients[cid].train)) for cid in sorted(clients)])
     for k in ("encoder.conv1.0.weight", "predictor.0.weight"):
@@ -114,11 +94,13 @@ def test_fedbyol_target_is_an_ema_of_the_online_network():
     raw["federation"].update(batch_size=64, local_epochs=1)
     run, spy = spied(raw)
     before = run.server.template.state_dict()
-    rounds(run, 1)
+    run_rounds(run, 1)
     after = spy.trained[(1, 0)]
     assert len(run.executor.clients[0].train) <= 64  # one optimiser step: one EMA update
     params = {n for n, _ in run.server.template.named_parameters()}
-    checked = [k for k in part(after, "encoder.") + part(after, "projector.") if k in params]
+    checked = [
+        k for k in keys_under(after, "encoder.") + keys_under(after, "projector.") if k in params
+    ]
     assert checked
     for k in checked:
         expected = 0.99 * before[k] + 0.01 * after[k]
@@ -126,9 +108,10 @@ def test_fedbyol_target_is_an_ema_of_the_online_network():
         assert torch.equal(kept_model(run, 0)["target_" + k], after["target_" + k])  # kept
 
 
+@pytest.mark.slow
 def test_fedu_ledger_counts_zero_target_bytes():
     run, spy = spied(ssl_recipe("fedu", ("dapu", {"mu": 0.4})))
-    rounds(run, 2)
+    run_rounds(run, 2)
     state = run.server.template.state_dict()
     target_bytes = tensor_bytes(v for k, v in state.items() if k.startswith(TARGET))
     shared_bytes = tensor_bytes(v for k, v in state.items() if not k.startswith(TARGET))
@@ -141,58 +124,62 @@ def test_fedu_ledger_counts_zero_target_bytes():
             assert not any(k.startswith(TARGET) for k in up.tensors)
 
 
+@pytest.mark.slow
 def test_fedu_upload_target_sends_target_values_under_online_keys():
     run, spy = spied(ssl_recipe(("fedu", {"upload": "target"}), rounds=1))
-    rounds(run, 1)
+    run_rounds(run, 1)
     for up in spy.uploads[1]:
         trained = spy.trained[(1, up.client)]
-        online = part(trained, "encoder.") + part(trained, "projector.")
+        online = keys_under(trained, "encoder.") + keys_under(trained, "projector.")
         assert online
         for k in online:
             assert torch.equal(up.tensors[k], trained["target_" + k])
         assert not any(k.startswith(TARGET) for k in up.tensors)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("update", ["online", "target", "both"])
 def test_fedu_update_modes_replace_what_they_name(update):
     run, spy = spied(ssl_recipe(("fedu", {"update": update})))
-    rounds(run, 1)
+    run_rounds(run, 1)
     kept = {cid: kept_model(run, cid) for cid in range(3)}
     rounds_2 = run_round(run, 2)
     assert math.isfinite(rounds_2["train_loss"])
     for cid in range(3):
         loaded, got = spy.loaded[(2, cid)], spy.received[(2, cid)]
         trained = spy.trained[(1, cid)]  # the client's full state as it left round 1
-        online = part(loaded, "encoder.") + part(loaded, "projector.")
+        online = keys_under(loaded, "encoder.") + keys_under(loaded, "projector.")
         target_from_global = all(torch.equal(loaded["target_" + k], got[k]) for k in online)
-        online_from_global = same(loaded, got, online)
+        online_from_global = same_keys(loaded, got, online)
         assert online_from_global == (update in ("online", "both"))
-        assert same(loaded, trained, online) == (update == "target")
+        assert same_keys(loaded, trained, online) == (update == "target")
         # only update: target needs the client's own online network kept between rounds
         kept_online = [k for k in online if k in kept[cid]]
         assert kept_online == (online if update == "target" else [])
         assert target_from_global == (update in ("target", "both"))
         targets = ["target_" + k for k in online]
-        assert same(loaded, kept[cid], targets) == (update == "online")
+        assert same_keys(loaded, kept[cid], targets) == (update == "online")
 
 
+@pytest.mark.slow
 def test_fedu_local_predictor_is_private():
     run, spy = spied(ssl_recipe(("fedu", {"predictor": "local"})))
-    rounds(run, 1)
+    run_rounds(run, 1)
     kept = {cid: kept_model(run, cid) for cid in range(3)}
     run_round(run, 2)
-    assert not part(run.server.pool[0], "predictor.")
+    assert not keys_under(run.server.pool[0], "predictor.")
     for up in spy.uploads[1]:
-        assert not part(up.tensors, "predictor.")
+        assert not keys_under(up.tensors, "predictor.")
     for cid in range(3):
-        keys = part(kept[cid], "predictor.")
-        assert same(spy.loaded[(2, cid)], kept[cid], keys)
+        keys = keys_under(kept[cid], "predictor.")
+        assert same_keys(spy.loaded[(2, cid)], kept[cid], keys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plugin", ["fedsimsiam", "fedsimclr"])
 def test_simsiam_and_simclr_share_every_part(plugin):
     run, spy = spied(ssl_recipe(plugin))
-    rounds(run, 2)
+    run_rounds(run, 2)
     keys = set(run.server.template.state_dict())
     parts = {k.split(".", 1)[0] for k in keys}
     assert parts == (
@@ -203,7 +190,7 @@ def test_simsiam_and_simclr_share_every_part(plugin):
     for up in spy.uploads[1]:
         assert set(up.tensors) == keys
     for cid in range(3):
-        assert same(spy.loaded[(2, cid)], spy.received[(2, cid)], keys)
+        assert same_keys(spy.loaded[(2, cid)], spy.received[(2, cid)], keys)
 
 
 class _Identity(nn.Module):
@@ -249,12 +236,13 @@ def test_simclr_loss_on_a_known_input_and_temperature_option():
     assert loss.item() == pytest.approx(total / 4, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_single_client_sends_nothing_keeps_its_model_and_scores_clients():
     raw = ssl_recipe(
         "fedbyol", "single_client", evaluation={"protocol": "knn", "every": 1, "personal": True}
     )
     run, spy = spied(raw)
-    rows = rounds(run, 2)
+    rows = run_rounds(run, 2)
     # every key is private: no tensor goes up or comes down, the pool holds nothing; only
     # the values clients report cross (booked as *_metrics)
     assert run.server.private == set(run.server.template.state_dict())
@@ -277,16 +265,18 @@ def test_single_client_sends_nothing_keeps_its_model_and_scores_clients():
     assert rows[-1]["client_knn_accuracy"]["1"] == own["knn_accuracy"]
 
 
+@pytest.mark.slow
 def test_single_client_round_two_starts_from_its_own_round_one_model():
     run, spy = spied(ssl_recipe("fedsimsiam", "single_client"))
-    rounds(run, 1)
+    run_rounds(run, 1)
     kept = {cid: kept_model(run, cid) for cid in range(3)}
     run_round(run, 2)
     for cid in range(3):
         assert set(kept[cid]) == set(run.server.template.state_dict())  # every key is private
-        assert same(spy.loaded[(2, cid)], kept[cid], kept[cid])
+        assert same_keys(spy.loaded[(2, cid)], kept[cid], kept[cid])
 
 
+@pytest.mark.slow
 def test_fedkit_eval_reproduces_the_runs_knn_and_scores_clients_and_transfer(tmp_path):
     import json
 
@@ -344,11 +334,12 @@ def test_fedkit_eval_reproduces_the_runs_knn_and_scores_clients_and_transfer(tmp
     assert scored == per_client["client_knn_accuracy"]["1"]
 
 
+@pytest.mark.slow
 def test_knn_monitor_runs_every_few_rounds_beside_a_final_linear_probe():
     evaluation = {"protocol": "linear", "every": 0, "monitor_every": 2, "knn_k": 5}
     evaluation["linear_epochs"] = 5
     run = prepared(ssl_recipe("fedsimclr", rounds=4, evaluation=evaluation))
-    rows = rounds(run, 4)
+    rows = run_rounds(run, 4)
     assert [("knn_accuracy" in r, "linear_accuracy" in r) for r in rows] == [
         (False, False),
         (True, False),

@@ -7,8 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import prepared, tiny_recipe
-from test_ssl_plugins import ssl_recipe
+from conftest import prepared, ssl_recipe, tiny_recipe
 
 from fedkit.config.schema import validate
 from fedkit.core import runs
@@ -92,6 +91,7 @@ def test_auto_store_goes_to_disk_above_the_memory_budget(tmp_path):
     assert not folder.exists()  # a temporary store without a run directory cleans up
 
 
+@pytest.mark.slow
 def test_clients_keep_only_private_and_declared_keys():
     fedavg = prepared(tiny_recipe(federation={"rounds": 1}))
     run_round(fedavg, 1)
@@ -122,6 +122,7 @@ def test_a_plugin_that_does_not_declare_kept_keys_keeps_everything():
     assert set(run.executor.store.get(0).model) == set(run.server.template.state_dict())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["memory", "disk"])
 def test_checkpoints_write_only_clients_that_trained(tmp_path, store):
     def checkpoint_bytes(num_clients: int) -> int:

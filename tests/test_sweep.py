@@ -48,6 +48,7 @@ def test_bad_sets_are_refused_before_anything_runs(sets):
         axes_of(sets)
 
 
+@pytest.mark.slow
 def test_a_cell_killed_before_its_recipe_was_written_starts_afresh(tmp_path):
     """A kill -9 can land after ``fedkit run`` made the cell's folder and before it wrote
     recipe.yaml: there is nothing to resume, so the sweep clears the folder and starts."""
@@ -82,6 +83,7 @@ def metrics(out: Path) -> dict[str, str]:
     return {d.name: (d / "metrics.jsonl").read_text() for d in sorted(out.glob("seed-*"))}
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_its_grid_resumes_after_kill_9_and_reruns_nothing(tmp_path, write_recipe):
     recipe = write_recipe(tiny_recipe(federation={"rounds": 3}))
     whole = tmp_path / "whole"
@@ -135,6 +137,7 @@ def test_a_sweep_runs_its_grid_resumes_after_kill_9_and_reruns_nothing(tmp_path,
     assert "Traceback" not in output
 
 
+@pytest.mark.slow
 def test_a_run_redirected_to_a_file_prints_each_round_on_one_line(tmp_path, write_recipe):
     raw = tiny_recipe()
     recipe = write_recipe(raw)

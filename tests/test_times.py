@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import time
 
-from conftest import tiny_recipe
-from test_resume import kill_after_checkpoint
+import pytest
+from conftest import kill_after_checkpoint, tiny_recipe
 from typer.testing import CliRunner
 
 from fedkit.cli.app import app
 from fedkit.rundir.logs import TIMES, read_metrics, read_times, total_seconds
 
 
+@pytest.mark.slow
 def test_times_survive_kill_9_and_add_up_across_sessions(write_recipe, tmp_path):
     path = write_recipe(tiny_recipe(federation={"rounds": 4}, data={"max_train": 200}))
     out = tmp_path / "run"

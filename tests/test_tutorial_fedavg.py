@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from tutorials import TUTORIALS, run_tutorial, with_settings
 
 from fedkit.rundir.logs import read_ledger, read_metrics
+
+pytestmark = pytest.mark.slow  # executes a tutorial end to end
 
 TINY = [
     "data.max_train=300",

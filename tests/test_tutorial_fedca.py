@@ -1,7 +1,7 @@
 """docs/tutorials/fedca.md runs as written, shrunk to tiny settings, with the convention
-of ``test_tutorials_ssl``: its ``fedkit`` lines run through the CLI with ``TINY``
-appended to ``run``; then its ```python blocks run in the same directory, and what they
-print is checked against the run's partition."""
+of ``test_tutorials_ssl``: its ``fedkit`` lines run through the CLI, shrunk by
+``shrunk_ssl`` (tests/conftest.py); then its ```python blocks run in the same directory,
+and what they print is checked against the run's partition."""
 
 from __future__ import annotations
 
@@ -11,17 +11,20 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
-from test_tutorials_ssl import shrunk
+from conftest import shrunk_ssl
 from tutorials import run_tutorial
 
 from fedkit.rundir.checkpoint import saved_part
+
+pytestmark = pytest.mark.slow  # executes a tutorial end to end
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "tutorials" / "fedca.md"
 
 
 def test_fedca_tutorial_runs_and_its_ledger_shows_the_uploaded_features(tmp_path, monkeypatch):
-    done = run_tutorial(PAGE, shrunk, tmp_path, monkeypatch)
+    done = run_tutorial(PAGE, shrunk_ssl, tmp_path, monkeypatch)
     assert [args[0] for args, _ in done] == ["plugins", "validate", "run", "eval"]
     outputs = {args[0]: result.output for args, result in done}
     assert "yes" in next(ln for ln in outputs["plugins"].splitlines() if "fedca" in ln)

@@ -16,6 +16,8 @@ from tutorials import run_tutorial, with_settings
 
 from fedkit.rundir.logs import read_clients
 
+pytestmark = pytest.mark.slow  # executes tutorials end to end
+
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = ["ifca.md", "cpcfl.md"]
 TINY = [

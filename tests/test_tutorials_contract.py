@@ -13,6 +13,8 @@ from tutorials import TUTORIALS, run_tutorial, with_settings
 
 from fedkit.rundir.logs import read_ledger, read_metrics
 
+pytestmark = pytest.mark.slow  # executes tutorials end to end
+
 TINY = [
     "data.dataset=digits",
     "data.image_size=16",

@@ -182,7 +182,7 @@ def run(
         raise typer.Exit(2)
     jsonl = log_format == "jsonl"
     quiet = quiet or as_json or jsonl
-    engine = engine_settings(executor, workers)
+    engine = engine_settings(None, workers)  # --executor goes to the engine as a value
     with friendly_errors(resuming=resume is not None):
         if resume is None:
             if recipe is None:
@@ -194,7 +194,7 @@ def run(
         from fedkit.data.summary import partition_table, render_partition
 
         if resume is not None:
-            if recipe is not None or out is not None or engine:
+            if recipe is not None or out is not None or engine or executor:
                 raise FedkitError(
                     "--resume takes the run directory, and --set only for federation.rounds "
                     "or evaluation.* (no recipe, no --out, no --executor)"
@@ -214,7 +214,7 @@ def run(
                     console.print(f"resuming {resume} after round {done}")
             else:
                 with naming_file(path):
-                    the_run, done = runs.start(parsed, out, plugins), 0
+                    the_run, done = runs.start(parsed, out, plugins, executor), 0
                 data = the_run.data
                 if not quiet:
                     rows = partition_table(data, limit=SHOWN_CLIENTS)

@@ -15,7 +15,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -78,12 +77,6 @@ def tool(name: str) -> str:
             f"{name} not found: install the flower extra (pip install 'fedkit-fl[flower]')"
         )
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def connection(insecure: bool, root_certificates: Path | None) -> list[str]:

@@ -48,8 +48,8 @@ testpaths = ["tests"]
 PLUGIN = '''\
 """{cls}: a fedkit plugin.
 
-As generated it adds a proximal term, (weight/2)·‖w − w_global‖², to the local loss of
-whichever method trains (a client-side ``loss_terms`` hook), logged as
+As generated it is fedkit's own FedProx, renamed: it adds (μ/2)·‖w − w_global‖² to the
+local loss of whichever method trains (a client-side ``loss_terms`` hook), logged as
 ``loss_{name}``. Change it into your method: every hook, with an example, is in fedkit's
 docs/plugins.md and docs/hooks.md.
 """
@@ -65,13 +65,13 @@ from fedkit import ClientContext, PluginOptions, hookimpl
 
 
 class {cls}:
-    """{cls}: (weight/2)·‖w − w_global‖² added to every local step."""
+    """{cls}: (μ/2)·‖w − w_global‖² added to the local loss at every step."""
 
     class Options(PluginOptions):
-        weight: float = Field(0.01, ge=0.0)
+        mu: float = Field(0.01, ge=0.0)
 
     def __init__(self, options: Options) -> None:
-        self.weight = options.weight
+        self.mu = options.mu
 
     @hookimpl
     def loss_terms(self, ctx: ClientContext, model: nn.Module, batch: Any) -> dict[str, Tensor]:
@@ -81,7 +81,7 @@ class {cls}:
             for name, w in model.named_parameters()
             if name in w_global and w.requires_grad
         ]
-        return {{"{name}": 0.5 * self.weight * sum(squares)}}
+        return {{"{name}": 0.5 * self.mu * sum(squares)}}
 '''
 
 RECIPE = """\
@@ -100,31 +100,31 @@ federation:
   optimizer: {{name: sgd, lr: 0.05}}
 plugins:
   - fedavg
-  - {name}: {{weight: 0.01}}
+  - {name}: {{mu: 0.01}}
 """
 
 TEST = '''\
-"""The {name} plugin: installed, a no-op at weight 0, a logged term that changes training,
+"""The {name} plugin: installed, a no-op at mu 0, a logged term that changes training,
 and the same numbers when each client job runs as in a worker process of its own."""
 
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from fedkit import load_recipe
-from fedkit.plugin.registry import discover
 from fedkit.testing import assert_same_runs, run_recipe, tiny_recipe
 
 HERE = Path(__file__).resolve().parent.parent
 
 
-def with_plugin(weight: float) -> dict:
-    return tiny_recipe(plugins=["fedavg", {{"{name}": {{"weight": weight}}}}])
+def with_plugin(mu: float) -> dict:
+    return tiny_recipe(plugins=["fedavg", {{"{name}": {{"mu": mu}}}}])
 
 
 def test_the_plugin_is_installed():
-    assert "{name}" in discover()
+    assert "{name}" in entry_points(group="fedkit").names
 
 
-def test_weight_zero_is_fedavg_bit_for_bit():
+def test_mu_zero_is_fedavg_bit_for_bit():
     plain, mine = run_recipe(tiny_recipe()), run_recipe(with_plugin(0.0))
     assert_same_runs(plain, mine, ignore=["train_loss_{name}"])
 
@@ -163,7 +163,7 @@ fedkit run recipes/{name}.yaml        # FedAvg + {name} on the embedded digits
 pytest                                # the tests in tests/, with fedkit.testing
 ```
 
-Options (`plugins: [fedavg, {{{name}: {{weight: 0.01}}}}]`): `weight`, the term's factor.
+Options (`plugins: [fedavg, {{{name}: {{mu: 0.01}}}}]`): `mu`, the term's factor μ.
 """
 
 

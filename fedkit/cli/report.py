@@ -31,8 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedkit.core.ledger import FIELDS
 from fedkit.errors import FedkitError
+from fedkit.plugin.ledger import FIELDS
 from fedkit.rundir.atomic import write_bytes, write_text
 from fedkit.rundir.logs import (
     CLASSES,

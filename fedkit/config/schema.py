@@ -364,13 +364,17 @@ def validate(raw: dict[str, Any], file: str | None = None) -> Recipe:
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Load, override and validate a recipe file (schema only; see ``fedkit.core.preflight``).
-    The overrides are noted at the end of its ``description``, which then still says what
-    the run is (the run directory's ``recipe.yaml`` keeps it)."""
-    raw = load_raw(path)
-    apply_overrides(raw, overrides or [], file=str(path))
-    recipe = validate(raw, file=str(path))
-    noted = [o.strip() for o in overrides or [] if o.partition("=")[0].strip() != "description"]
+    """Load, override and validate a recipe file (schema only; see ``fedkit.core.preflight``)."""
+    return overridden(load_raw(path), overrides or [], str(path))
+
+
+def overridden(raw: dict[str, Any], overrides: list[str], file: str | None = None) -> Recipe:
+    """A raw recipe with ``--set`` overrides, validated. The overrides are noted at the end
+    of its ``description``, which then still says what the run is (the run directory's
+    ``recipe.yaml`` keeps it)."""
+    apply_overrides(raw, overrides, file=file)
+    recipe = validate(raw, file=file)
+    noted = [o.strip() for o in overrides if o.partition("=")[0].strip() != "description"]
     if noted and recipe.description:
         text = f"{recipe.description} [--set {'; '.join(noted)}]"
         recipe = recipe.model_copy(update={"description": text})

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from fedkit.core.server import Upload
+    from fedkit.plugin.server import Upload
 
 
 def weighted_mean(uploads: list[Upload], key: str) -> Tensor:

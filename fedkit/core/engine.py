@@ -7,6 +7,7 @@ client (personal_model → evaluate_client), the server's evaluate; round_logged
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from fedkit.config.schema import Recipe
 from fedkit.core import faults, reply_checks
 from fedkit.core.aggregation import weighted_mean
 from fedkit.core.evaluator import Evaluator, due, monitored
-from fedkit.core.executor import Clients, Executor, Population, StoreSpec
+from fedkit.core.executor import Clients, Executor, Placement, Population, StoreSpec
 from fedkit.core.messages import (
     ClientJob,
     ClientResult,
@@ -34,7 +35,6 @@ from fedkit.core.messages import (
 from fedkit.core.preflight import check
 from fedkit.core.reply_checks import Expected
 from fedkit.core.row import evaluation_entries, summarise
-from fedkit.core.server import MISSING, Server, Upload
 from fedkit.core.setup_data import once_shapes
 from fedkit.core.worker import non_finite
 from fedkit.data.federated import FederatedData, build_federated_data
@@ -42,9 +42,11 @@ from fedkit.errors import RecipeError, RoundFailed
 from fedkit.plugin.manager import Plugins
 from fedkit.plugin.markers import DROP
 from fedkit.plugin.registry import Registries, implemented_hooks, registries
+from fedkit.plugin.server import ClientInfo, Server, ServerRecord, Upload
 from fedkit.rundir.store import MEMORIES, kept_bytes
 from fedkit.seeding import derive, rng_states, seed_everything, set_rng_states
 from fedkit.training import precision
+from fedkit.training.optim import round_lr
 
 if TYPE_CHECKING:
     from fedkit.rundir.checkpoint import Snapshot
@@ -66,18 +68,25 @@ class SilentReporter:
 
 @dataclass
 class Run:
-    """One run as the engine holds it: the recipe, the server side (plugins, server), the
-    client side (the executor: every client's data and memory), and what only the
-    simulation knows (the evaluator, and the federated data for the partition table)."""
+    """One run as the engine holds it: the recipe, the server side (plugins, the server
+    view, the record behind it, the engine's bookkeeping), the client side (the executor:
+    every client's data and memory), and what only the simulation knows (the evaluator,
+    and the federated data for the partition table)."""
 
     recipe: Recipe
     plugins: Plugins
     server: Server
+    record: ServerRecord
+    eligible: list[int] | None
+    """Clients that declared training data, ``None`` when all did: found once (what clients
+    declared does not change, and a round must not cost time per client of the population)."""
     executor: Executor
     evaluator: Evaluator
     data: FederatedData
     expected: Expected
     """What the server accepts in a reply (``reply_checks``), found once per run."""
+    participants: set[int] = field(default_factory=set)
+    """Clients that answered at least once (checkpoints keep what the server knows of them)."""
     notes: list[str] = field(default_factory=list)
     began: float = field(default_factory=time.perf_counter)
     times: dict[str, float] = field(default_factory=dict)
@@ -102,29 +111,32 @@ def prepare(
     plugins: Plugins | None = None,
     snapshot: Snapshot | None = None,
     out: Path | None = None,
+    executor: Placement = None,
 ) -> Run:
     """Build data, server, plugins, the initial pool and the executor: everything before
     round 1. Without ``plugins``, the recipe is checked first (``preflight.check``) and
     they are built there, once. With a checkpoint ``snapshot``, server values are
     restored before ``configure`` (so ``server.once`` hands back what was computed) and
     the rest after. ``out`` is the run directory (a disk store keeps client memories
-    under it)."""
+    under it). ``executor``: an executor's name, which the run's recipe records, or a
+    factory (a deployment's, holding its grid); by default ``engine.executor``."""
     started = time.perf_counter()
+    if isinstance(executor, str):
+        engine = recipe.engine.model_copy(update={"executor": executor})
+        recipe, executor = recipe.model_copy(update={"engine": engine}), None
     plugins = plugins if plugins is not None else check(recipe)
     regs = registries(plugins.available if plugins.custom else None)
+    build = executor or regs.executors.get(recipe.engine.executor)  # before any data is built
     device = resolve_device(recipe.device)
     precision.check(recipe.precision, device)
     dataset = regs.datasets.get(recipe.data.dataset)
     partitioner = regs.partitioners.get(recipe.data.partition.name)
     data = build_federated_data(recipe.data, recipe.seed, dataset, partitioner)
-    server = Server(
-        recipe,
-        device,
-        classes=data.train.classes,
-        declared=data.client_sizes(),
-        own_data=data.server_split(),
-    )
-    holding = eligible(server)
+    roster = [ClientInfo(i, int(n)) for i, n in enumerate(data.client_sizes())]
+    record = ServerRecord(recipe, device, list(data.train.classes), data.server_split(), roster)
+    server = Server(record)
+    holding: list[int] | None = [c.id for c in roster if c.num_samples > 0]
+    holding = None if len(holding) == len(roster) else holding
     if holding is not None and len(holding) < recipe.federation.clients_per_round:
         raise RecipeError(
             "federation.clients_per_round",
@@ -134,7 +146,7 @@ def prepare(
             hint=" (use fewer clients, or a partition that gives each some data)",
         )
     if snapshot is not None:
-        server.state, server.tensors = snapshot.server_state, snapshot.server_tensors
+        record.state, record.tensors = snapshot.server_state, snapshot.server_tensors
     with precision.compute(recipe, device):
         plugins.call("configure", server=server)
     seed_everything(derive(recipe.seed, "init"))
@@ -148,7 +160,10 @@ def prepare(
     if recipe.channels_last:
         models = [m.to(memory_format=torch.channels_last) for m in models]
     answers = plugins.call("private_keys", server=server, model=models[0])
-    server._set_pool(models, frozenset(k for keys in answers for k in keys or ()))
+    record.private = frozenset(k for keys in answers for k in keys or ())
+    record.template = copy.deepcopy(models[0]).cpu()
+    server.ledger.model_keys = frozenset(record.template.state_dict())
+    record.pool = [server.shared(m.state_dict()) for m in models]
     patterns = plugins.call("auxiliary_keys", server=server)
     server.ledger.aux_patterns = tuple(p for found in patterns for p in found or ())
     kept = kept_keys(plugins, server)
@@ -160,9 +175,11 @@ def prepare(
     evaluator = Evaluator(recipe, data)
     population = Population(Clients(data), evaluator.benchmark())
     store = store_spec(recipe, regs, out, data.num_clients * kept_bytes(server.template, kept))
-    executor = regs.executors.get(recipe.engine.executor)(setup, population, store)
+    executor = build(setup, population, store)
     expected = Expected.of(server, plugins)
-    run = Run(recipe, plugins, server, executor, evaluator, data, expected, began=started)
+    run = Run(
+        recipe, plugins, server, record, holding, executor, evaluator, data, expected, began=started
+    )
     if snapshot is not None:
         restore(run, snapshot)
     return run
@@ -184,19 +201,19 @@ def store_spec(recipe: Recipe, regs: Registries, out: Path | None, estimate: int
 def restore(run: Run, snapshot: Snapshot) -> None:
     """A checkpoint's pool, what the server knew of clients, client memories (adopted
     by the client side), ledger totals and RNG states."""
-    server = run.server
-    server.pool = [snapshot.pool.get(str(i), {}) for i in range(len(server.pool))]
+    server, record = run.server, run.record
+    record.pool = [snapshot.pool.get(str(i), {}) for i in range(len(server.pool))]
     for cid, meta in snapshot.sidecar["roster"].items():
         info = server.roster[int(cid)]
         info.participations, info.cluster = meta["participations"], meta["cluster"]
         info.last_round = meta["last_round"]
-        server._participants.add(int(cid))
+        run.participants.add(int(cid))
     manifest = {int(cid): entry for cid, entry in snapshot.sidecar["clients"].items()}
     run.executor.adopt(snapshot.root / MEMORIES, manifest)
     server.ledger.rows.clear()
     server.ledger.restore(snapshot.sidecar["ledger"])
     set_rng_states(snapshot.sidecar["rng"])
-    server.round = snapshot.round
+    record.round = snapshot.round
 
 
 def checkpoint_state(run: Run) -> dict[str, Any]:
@@ -206,7 +223,7 @@ def checkpoint_state(run: Run) -> dict[str, Any]:
     return {
         "recipe": run.recipe.model_dump(mode="json"),
         "server_state": server.state,
-        "roster": {str(c): server.roster[c].meta() for c in sorted(server._participants)},
+        "roster": {str(c): server.roster[c].meta() for c in sorted(run.participants)},
         "ledger": server.ledger.flushed,
         "rng": rng_states(),
     }
@@ -234,16 +251,6 @@ def default_sample(recipe: Recipe, round: int, eligible: list[int] | None = None
     return sorted(int(c) for c in rng.choice(pool, size=k, replace=False))
 
 
-def eligible(server: Server) -> list[int] | None:
-    """Clients that declared training data, or ``None`` when every client does (found
-    once per run: what clients declared does not change, and a round must not cost time
-    in proportion to the whole population)."""
-    if server._eligible is MISSING:
-        holding = [c.id for c in server.roster if c.num_samples > 0]
-        server._eligible = None if len(holding) == len(server.roster) else holding
-    return server._eligible
-
-
 def rounds(run: Run, done: int = 0, reporter: Reporter = SilentReporter()) -> Iterator[dict]:
     """Rounds ``done+1 .. federation.rounds``, each row as it finishes: the one loop over
     rounds (a run directory commits between them, tests collect them)."""
@@ -253,16 +260,16 @@ def rounds(run: Run, done: int = 0, reporter: Reporter = SilentReporter()) -> It
 
 def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> dict[str, Any]:
     """One federated round; returns its metrics row."""
-    server, plugins = run.server, run.plugins
+    server, plugins, record = run.server, run.plugins, run.record
     began = time.perf_counter()
-    server.round = round
-    server._row = metrics = {"round": round}
+    record.round = round
+    record.row = metrics = {"round": round}
     sampled = checked_sample(run, plugins.call("sample_clients", server=server, round=round))
-    server.sampled = metrics["clients"] = sampled
+    record.sampled = metrics["clients"] = sampled
     reporter.round_started(round, sampled)
     results, failures = [], []
     for result in run.executor.run(jobs(run, sampled)):
-        result = receive(server, result, run.expected)
+        result = receive(run, result)
         (results if result.failure is None else failures).append(result)
         reporter.client_done(round, result.client)
     trained = time.perf_counter()
@@ -273,7 +280,7 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     for r in results:
         uploads[r.cluster].append(Upload(r.client, r.weight, r.upload))
     for cluster, ups in sorted(uploads.items()):
-        server.pool[cluster] = update_cluster(run, cluster, ups)
+        record.pool[cluster] = update_cluster(run, cluster, ups)
     metrics.update(summarise(results))
     if failures:
         metrics["failures"] = {str(f.client): f"{f.failure}: {f.error}" for f in failures}
@@ -327,10 +334,10 @@ def evaluate_round(run: Run, round: int) -> dict[str, Any]:
         for o in run.plugins.objects.values()
     )
     if scores or asked:
-        offers, asks = read_only(server.pool), []
+        offers, asks, lr = read_only(server.pool), [], round_lr(run.recipe.federation, round)
         for cid in evaluation_clients(run, round):
             cluster = server.roster[cid].cluster or 0
-            asks.append(EvalJob(round, cid, cluster, offers[cluster], scores))
+            asks.append(EvalJob(round, cid, cluster, lr, offers[cluster], scores))
             server.ledger.record(round, cid, "eval", offers[cluster])
         answers = [receive_scores(server, r) for r in run.executor.evaluate(asks)]
         metrics.update(evaluation_entries(answers))
@@ -340,17 +347,17 @@ def evaluate_round(run: Run, round: int) -> dict[str, Any]:
 
 
 def jobs(run: Run, sampled: list[int]) -> list[ClientJob]:
-    """One job per sampled client: its seed, the pool it may fetch, its ``downlink``
-    tensors (booked in the ledger as they are sent)."""
+    """One job per sampled client: its seed, the round's learning rate (computed here,
+    once), the pool it may fetch, its ``downlink`` tensors (booked as they are sent)."""
     server, round, seed = run.server, run.server.round, run.recipe.seed
-    offers = read_only(server.pool)
+    offers, lr = read_only(server.pool), round_lr(run.recipe.federation, round)
     out = []
     for cid in sampled:
         extra = run.plugins.claims("downlink", server=server, client=server.roster[cid])
         server.ledger.record(round, cid, "down", extra)
         fault = faults.draw(run.recipe.faults, seed, round, cid)
-        job = ClientJob(round, cid, derive(seed, "client", round, cid), offers, extra, fault)
-        out.append(job)
+        client_seed = derive(seed, "client", round, cid)
+        out.append(ClientJob(round, cid, client_seed, lr, offers, extra, fault))
     return out
 
 
@@ -380,7 +387,7 @@ def check_quorum(run: Run, results: list[ClientResult], failures: list[ClientRes
 def checked_sample(run: Run, sampled: list[int] | None) -> list[int]:
     """The sampler's answer (or the default draw), checked: distinct known client ids."""
     if sampled is None:
-        return default_sample(run.recipe, run.server.round, eligible(run.server))
+        return default_sample(run.recipe, run.server.round, run.eligible)
     ids = sorted(int(c) for c in sampled)
     n = len(run.server.roster)
     if not ids or len(set(ids)) != len(ids) or ids[0] < 0 or ids[-1] >= n:
@@ -390,11 +397,12 @@ def checked_sample(run: Run, sampled: list[int] | None) -> list[int]:
     return ids
 
 
-def receive(server: Server, result: ClientResult, expected: Expected) -> ClientResult:
+def receive(run: Run, result: ClientResult) -> ClientResult:
     """Check a client's result (``reply_checks``: a refused one becomes a failed one),
     then book it: the clusters it fetched, its upload and reported values, its reported
     identity (a failed client's downloads only). Returns the result as accepted."""
-    result = reply_checks.checked(result, expected, server)
+    server = run.server
+    result = reply_checks.checked(result, run.expected, server)
     ledger = server.ledger
     for cluster in result.fetched:
         ledger.record(server.round, result.client, "down", server.pool[cluster])
@@ -402,7 +410,7 @@ def receive(server: Server, result: ClientResult, expected: Expected) -> ClientR
         return result
     ledger.record(server.round, result.client, "up", result.upload)
     ledger.record_values(server.round, result.client, "up", result.metrics)
-    server._participants.add(result.client)
+    run.participants.add(result.client)
     info = server.roster[result.client]
     info.participations += 1
     info.cluster, info.last_round = result.cluster, server.round

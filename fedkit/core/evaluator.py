@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from fedkit.config.schema import Recipe
-from fedkit.core.server import ClientInfo, Server
 from fedkit.core.worker import Benchmark
 from fedkit.data.datasets import ImageSet
 from fedkit.data.federated import FederatedData
 from fedkit.evaluation.metrics import adjusted_rand
 from fedkit.evaluation.scoring import capped, score_encoder, supervised_scores
+from fedkit.plugin.server import ClientInfo, Server
 
 REPRESENTATION = ("knn", "linear", "semi")
 

@@ -99,6 +99,10 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+Placement = str | Callable[..., Executor] | None
+"""Where a run's clients go: an executor's name or factory (``engine.prepare``'s ``executor``)."""
+
+
 def timed_out(result: ClientResult, seconds: float, limit: float | None) -> ClientResult:
     """A result that came back after ``limit`` seconds counts as a timeout."""
     if limit is None or seconds <= limit or result.failure is not None:

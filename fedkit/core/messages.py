@@ -47,7 +47,8 @@ class ClientSetup:
 
 @dataclass
 class ClientJob:
-    """One client's round: who, when, its seed, and what the server sends.
+    """One client's round: who, when, its seed, the round's learning rate (``lr``, the
+    server's once per round: ``ctx.lr``) and what the server sends.
 
     ``offers`` are the cluster states the client may fetch this round (read-only
     views; the ledger books a fetch by the cluster index the result reports); ``extra``
@@ -58,6 +59,7 @@ class ClientJob:
     round: int
     client: int
     seed: int
+    lr: float
     offers: Sequence[Mapping[str, Tensor]]
     extra: dict[str, Tensor] = field(default_factory=dict)
     fault: str | None = None
@@ -98,14 +100,15 @@ class ClientResult:
 
 @dataclass
 class EvalJob:
-    """One client's evaluation: the round just finished, its cluster (as the server last
-    heard it), the cluster's state, and which scores the evaluator asks of the core's
-    protocol (``scores``: ``accuracy``, ``f1``, ``auroc`` on the client's test set;
-    ``encoder``: the client's encoder on the simulation's benchmark sets)."""
+    """One client's evaluation: the round just finished and its ``lr``, its cluster (as
+    the server last heard it), the cluster's state, and which scores the evaluator asks
+    of the core's protocol (``scores``: ``accuracy``, ``f1``, ``auroc`` on the client's
+    test set; ``encoder``: the client's encoder on the simulation's benchmark sets)."""
 
     round: int
     client: int
     cluster: int
+    lr: float
     state: Mapping[str, Tensor]
     scores: tuple[str, ...] = ()
 

@@ -317,8 +317,7 @@ class RayExecutor:
         offers = ray.put([dict(o) for o in jobs[0].offers])
 
         def send(actor: Any, job: ClientJob, attempt: int) -> Any:
-            sent = ClientJob(job.round, job.client, job.seed, (), job.extra, job.fault)
-            sent.attempt = attempt
+            sent = dataclasses.replace(job, offers=(), attempt=attempt)
             return actor.run.remote(sent, offers, self.data_refs[job.client])
 
         for done in self.on_actors(jobs, send, self.timeout):
@@ -341,7 +340,7 @@ class RayExecutor:
         pool = self.ray.put([dict(j.state) for j in _by_cluster(jobs)])
 
         def send(actor: Any, job: EvalJob, attempt: int) -> Any:
-            sent = EvalJob(job.round, job.client, job.cluster, {}, job.scores)
+            sent = dataclasses.replace(job, state={})
             return actor.evaluate.remote(sent, pool, self.data_refs[job.client], self.benchmark_ref)
 
         for done in self.on_actors(jobs, send, None):
@@ -385,4 +384,4 @@ def _by_cluster(jobs: list[EvalJob]) -> list[EvalJob]:
     found: dict[int, EvalJob] = {}
     for job in jobs:
         found.setdefault(job.cluster, job)
-    return [found[c] if c in found else EvalJob(0, -1, c, {}) for c in range(max(found) + 1)]
+    return [found[c] if c in found else EvalJob(0, -1, c, 0.0, {}) for c in range(max(found) + 1)]

@@ -40,11 +40,11 @@ import torch
 from torch import Tensor
 
 from fedkit.core.messages import ClientResult, EvalResult
-from fedkit.core.server import Server
 from fedkit.core.worker import non_finite
 from fedkit.plugin.manager import Plugins
 from fedkit.plugin.reported import describe
 from fedkit.plugin.reported import refusal as metrics_refusal
+from fedkit.plugin.server import Server
 
 REFUSED = "refused"
 """The failure kind of a reply the server refused."""

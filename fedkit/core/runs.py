@@ -34,6 +34,7 @@ from fedkit.config.schema import (
 )
 from fedkit.config.shipped import resolve
 from fedkit.core.engine import Reporter, Run, SilentReporter, checkpoint_state, prepare, rounds
+from fedkit.core.executor import Placement
 from fedkit.core.preflight import check
 from fedkit.data.summary import partition_rows, save_partition
 from fedkit.errors import FedkitError, RecipeError, RoundFailed
@@ -89,13 +90,15 @@ def claim(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def start(recipe: Recipe, out: Path, plugins: Plugins | None = None) -> Run:
+def start(
+    recipe: Recipe, out: Path, plugins: Plugins | None = None, executor: Placement = None
+) -> Run:
     """Prepare a fresh run, lay out its directory and write the round-0 checkpoint
     (refuses a directory that already holds a run or anything else). ``plugins``: the
-    ones ``preflight.check`` built for this recipe (built here when not given)."""
+    ones ``preflight.check`` built (else built here); ``executor``: as ``prepare``'s."""
     claim(out)
-    run = prepare(recipe, plugins, out=out)
-    write_text(out / RECIPE, dump_recipe(recipe))
+    run = prepare(recipe, plugins, out=out, executor=executor)
+    write_text(out / RECIPE, dump_recipe(run.recipe))
     save_partition(partition_rows(run.data), out / "partition.json")
     write_json(out / CLASSES, run.data.train.classes)
     save(run, out, 0)
@@ -168,9 +171,11 @@ def resumed_recipe(
     return validate(raw, file=str(out / RECIPE)), notes
 
 
-def resume(out: Path, overrides: list[str] | None = None) -> tuple[Run, int]:
-    """Rebuild a run from its directory and its newest intact checkpoint. ``notes`` (on
-    the returned run) say what was repaired or skipped."""
+def resume(
+    out: Path, overrides: list[str] | None = None, executor: Placement = None
+) -> tuple[Run, int]:
+    """Rebuild a run from its directory and its newest intact checkpoint (``executor``: as
+    ``prepare``'s). ``notes`` (on the returned run) say what was repaired or skipped."""
     if not holds_run(out):
         raise FedkitError(f"{out}: no {RECIPE} here; expected a run directory to resume")
     for folder in (out, out / "checkpoints", out / JOURNAL, out / MEMORIES):
@@ -179,7 +184,7 @@ def resume(out: Path, overrides: list[str] | None = None) -> tuple[Run, int]:
     snapshot = checkpoint.read(out)
     if snapshot is None:
         recipe = load_recipe(out / RECIPE, overrides or [])
-        run = prepare(recipe, out=out)
+        run = prepare(recipe, out=out, executor=executor)
         run.notes = []
         return run, 0
     recipe, notes = resumed_recipe(out, snapshot.sidecar["recipe"], overrides or [])
@@ -193,7 +198,7 @@ def resume(out: Path, overrides: list[str] | None = None) -> tuple[Run, int]:
         write_text(out / RECIPE, dump_recipe(recipe))
         snapshot.sidecar["recipe"] = recipe.model_dump(mode="json")
     notes = [*snapshot.notes, *notes, *restore_logs(out, snapshot.sidecar["logs"])]
-    run = prepare(recipe, snapshot=snapshot, out=out)
+    run = prepare(recipe, snapshot=snapshot, out=out, executor=executor)
     checkpoint.prune(out, recipe.engine.keep_checkpoints)
     run.notes = notes
     return run, snapshot.round
@@ -348,6 +353,7 @@ def run(
     plugins: Mapping[str, Any] | None = None,
     rounds_to_run: int | None = None,
     reporter: Reporter = SilentReporter(),
+    executor: str | None = None,
 ) -> RunResult:
     """Run a recipe: a ``Recipe``, a mapping, a YAML file or a shipped recipe's name.
 
@@ -355,7 +361,7 @@ def run(
     logs, summary); without, in memory. ``overrides``: ``--set``-style ``key=value``
     items. ``plugins``: name → plugin class (or module) to use besides the installed
     ones, e.g. one not installed yet. ``rounds_to_run``: stop after that many rounds (in
-    memory only)."""
+    memory only). ``executor``: where clients run, instead of ``engine.executor``."""
     raw = _raw(recipe)
     apply_overrides(raw, overrides or [])
     available = {**discover(), **{k: Loaded(v) for k, v in plugins.items()}} if plugins else None
@@ -365,11 +371,11 @@ def run(
         if rounds_to_run is not None:
             raise ValueError("rounds_to_run runs in memory: leave out `out`")
         target = Path(out)
-        the_run = start(parsed, target, checked)
+        the_run = start(parsed, target, checked, executor)
         summary = execute(the_run, target, 0, reporter)
         rows = read_metrics(target)
         return RunResult(rows, [], the_run, summary, target)
-    the_run = prepare(parsed, checked)
+    the_run = prepare(parsed, checked, executor=executor)
     try:
         rows = []
         for row in rounds(the_run, 0, reporter):

@@ -20,10 +20,10 @@ from torch import Tensor, nn
 
 from fedkit.config.schema import Recipe
 from fedkit.core.messages import ClientSetup
-from fedkit.core.server import Server
 from fedkit.data.datasets import ImageSet
 from fedkit.errors import FedkitError, RecipeError
 from fedkit.plugin.manager import Plugins
+from fedkit.plugin.server import Server, ServerRecord
 from fedkit.seeding import isolated_rng
 
 DEVICES = ("cpu", "cuda", "mps")
@@ -59,6 +59,8 @@ class _Skeleton(Server):
     """A server with no data, whose ``once`` returns zeros of the shapes the real server
     computed: enough for ``init_models`` to size the model, nothing to train on."""
 
+    __slots__ = ("_shapes",)
+
     def __init__(
         self, recipe: Recipe, classes: list[str], shapes: Mapping[str, Mapping[str, Any]]
     ) -> None:
@@ -66,15 +68,15 @@ class _Skeleton(Server):
             torch.zeros(0, 3, 1, 1, dtype=torch.uint8), torch.zeros(0, dtype=torch.long),
             list(classes), (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
         )  # fmt: skip
-        super().__init__(recipe, torch.device("cpu"), classes=classes, declared=[], own_data=empty)
-        self.shapes = shapes
+        super().__init__(ServerRecord(recipe, torch.device("cpu"), list(classes), empty, []))
+        self._shapes = shapes
 
     def once(self, name: str, compute: Callable[[], dict[str, Tensor]]) -> dict[str, Tensor]:
-        if name not in self.shapes:
+        if name not in self._shapes:
             raise FedkitError(f"the setup does not say what the server computed as {name!r}")
         return {
             key: torch.zeros(shape, dtype=dtype_named(dtype))
-            for key, (dtype, shape) in self.shapes[name].items()
+            for key, (dtype, shape) in self._shapes[name].items()
         }
 
 

@@ -40,7 +40,7 @@ from fedkit.data.datasets import ImageSet
 from fedkit.data.federated import ClientData
 from fedkit.errors import FedkitError, MissingOffer, PluginError, RecipeError
 from fedkit.evaluation.scoring import score_encoder, supervised_scores
-from fedkit.plugin.context import ClientContext, ModelKeys
+from fedkit.plugin.context import ClientContext, ModelKeys, receive
 from fedkit.plugin.hookspecs import CLIENT
 from fedkit.plugin.keys import parameter_keys
 from fedkit.plugin.manager import Plugins
@@ -153,6 +153,7 @@ class Worker:
     def context(
         self,
         round: int,
+        lr: float,
         data: ClientData,
         memory: ClientMemory,
         rng: torch.Generator,
@@ -166,6 +167,7 @@ class Worker:
             data.test,
             recipe=self.setup.recipe,
             round=round,
+            lr=lr,
             device=self.device,
             rng=rng,
             keys=self.keys,
@@ -183,14 +185,13 @@ class Worker:
     ) -> tuple[ClientResult, ClientMemory]:
         """One client's round; returns its result and its memory for the next round."""
         memory = memory.copy() if memory is not None else ClientMemory()
-        ctx = self.context(
-            job.round, data, memory, seed_everything(job.seed), job.offers, job.extra
-        )
+        rng = seed_everything(job.seed)
+        ctx = self.context(job.round, job.lr, data, memory, rng, job.offers, job.extra)
         self.act_out(job)
         plugins, model = self.plugins, self.model
         cluster = plugins.call("select_cluster", ctx=ctx, model=model)
         ctx.cluster = 0 if cluster is None else int(cluster)
-        ctx._receive(ctx.cluster)
+        receive(ctx, ctx.cluster)
         local = {**self.template_state, **(memory.model or {})}
         claimed = plugins.claims(
             "update_client", reference=local, ctx=ctx, received=ctx.received, local=local
@@ -297,7 +298,7 @@ class Worker:
         recipe = self.setup.recipe
         kept = memory if memory is not None else ClientMemory()
         rng = torch.Generator().manual_seed(derive(recipe.seed, "evaluate", job.round, data.id))
-        ctx = self.context(job.round, data, kept.copy(), rng, received=dict(job.state))
+        ctx = self.context(job.round, job.lr, data, kept.copy(), rng, received=dict(job.state))
         try:
             with precision.compute(recipe, self.device):
                 self.load(self.personal_state(job, kept))

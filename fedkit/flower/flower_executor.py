@@ -97,28 +97,16 @@ class Link(Protocol):
     def close(self) -> None: ...
 
 
-_OPEN: list[Link] = []
-"""The link runs use instead of starting a simulation of their own: the deployment's
-grid in a ServerApp, or a simulation kept open across runs (tests)."""
-
-
-def use_link(link: Link | None) -> None:
-    """Set (or clear, with ``None``) the link every ``flower`` executor uses; the
-    executors leave it open."""
-    _OPEN.clear()
-    if link is not None:
-        _OPEN.append(link)
-
-
 class FlowerExecutor:
-    """Clients on Flower nodes (see the module docstring)."""
+    """Clients on Flower nodes (see the module docstring), through ``link`` (left open: a
+    deployment's grid, a simulation tests share), else a simulation of the run's own."""
 
-    def __init__(self, setup: ClientSetup, population: Population, store: StoreSpec) -> None:
+    def __init__(
+        self, setup: ClientSetup, population: Population, store: StoreSpec, link: Link | None = None
+    ) -> None:
         recipe = setup.recipe
-        if _OPEN:
-            self.link = _OPEN[0]
-        else:
-            self.link = SimulationLink(recipe.data.num_clients, recipe.engine)
+        self.own = link is None
+        self.link = SimulationLink(recipe.data.num_clients, recipe.engine) if self.own else link
         self.grid, self.timeout = self.link.grid, recipe.federation.client_timeout
         self.clients = recipe.data.num_clients
         self.settled: dict[int, list[int]] = {}
@@ -473,8 +461,8 @@ class FlowerExecutor:
         return None
 
     def close(self) -> None:
-        """End the simulation this executor started (a deployment's link stays open)."""
-        if not _OPEN or self.link is not _OPEN[0]:
+        """End the simulation this executor started (a link it was given stays open)."""
+        if self.own:
             self.link.close()
 
 

@@ -124,6 +124,7 @@ def job_content(
         "round": job.round,
         "client": job.client,
         "seed": job.seed,
+        "lr": job.lr,
         "fault": job.fault,
         "attempt": job.attempt,
         "pool": len(job.offers),
@@ -142,7 +143,7 @@ def job_of(content: RecordDict) -> ClientJob:
     offers = PartialOffers(
         meta["pool"], {c: get_state(content, f"offer.{c}") for c in meta["sent"]}
     )
-    job = ClientJob(meta["round"], meta["client"], meta["seed"], offers)
+    job = ClientJob(meta["round"], meta["client"], meta["seed"], checked_lr(meta), offers)
     job.extra, job.fault, job.attempt = get_state(content, "down"), meta["fault"], meta["attempt"]
     return job
 
@@ -193,6 +194,7 @@ def eval_content(job: EvalJob, settled: Any, prune: int | None = None) -> Record
         "round": job.round,
         "client": job.client,
         "cluster": job.cluster,
+        "lr": job.lr,
         "scores": list(job.scores),
         "settled": settled,
         "prune": prune,
@@ -202,11 +204,18 @@ def eval_content(job: EvalJob, settled: Any, prune: int | None = None) -> Record
 
 def eval_of(content: RecordDict) -> EvalJob:
     meta = get_meta(content)
-    job = EvalJob(
-        meta["round"], meta["client"], meta["cluster"], get_state(content, "state"),
-        tuple(meta["scores"]),
+    return EvalJob(
+        meta["round"], meta["client"], meta["cluster"], checked_lr(meta),
+        get_state(content, "state"), tuple(meta["scores"]),
     )  # fmt: skip
-    return job
+
+
+def checked_lr(meta: dict[str, Any]) -> float:
+    """A job's learning rate, checked on arrival: a finite number, not negative."""
+    lr = meta["lr"]
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < math.inf:
+        raise ValueError(f"a job's learning rate must be a finite number >= 0, found {lr!r}")
+    return float(lr)
 
 
 def eval_result_content(result: EvalResult) -> RecordDict:

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from fedkit.config.schema import Recipe, apply_overrides, load_recipe, validate
+from fedkit.config.schema import Recipe, load_recipe, overridden
 from fedkit.config.shipped import shipped
 from fedkit.errors import FedkitError, RecipeError
 from fedkit.rundir import checkpoint
@@ -224,15 +224,8 @@ def confine(recipe: Recipe, out: Path, root: Path, data: Path | None) -> Recipe:
 
 
 def new_recipe(raw: dict[str, Any], overrides: list[str]) -> Recipe:
-    """A submitted recipe with its overrides, validated as ``fedkit run`` does (the
-    overrides noted in its description)."""
-    apply_overrides(raw, overrides, file=SOURCE)
-    recipe = validate(raw, file=SOURCE)
-    noted = [o.strip() for o in overrides if o.partition("=")[0].strip() != "description"]
-    if noted and recipe.description:
-        text = f"{recipe.description} [--set {'; '.join(noted)}]"
-        recipe = recipe.model_copy(update={"description": text})
-    return recipe
+    """A submitted recipe with its overrides, validated as ``fedkit run`` does."""
+    return overridden(raw, overrides, SOURCE)
 
 
 def submission(config: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Submission:
@@ -247,6 +240,7 @@ def submission(config: Mapping[str, Any], environ: Mapping[str, str] = os.enviro
         confine(kept, out, root, data)
         return Submission(out, None, overrides, kept.data.num_clients)
     raw = recipe_mapping(config.get("recipe"))
-    recipe = new_recipe(raw, [*overrides, "engine.executor=flower"])
-    recipe = confine(recipe, out, root, data)
+    recipe = new_recipe(raw, overrides)
+    engine = recipe.engine.model_copy(update={"executor": "flower"})  # what the ServerApp runs
+    recipe = confine(recipe.model_copy(update={"engine": engine}), out, root, data)
     return Submission(out, recipe, overrides, recipe.data.num_clients)

@@ -16,6 +16,7 @@ and, when the run fails, one last ``fedkit: ...`` line saying why, which
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 import traceback
@@ -29,7 +30,7 @@ from fedkit.cli.progress import CHECKPOINTED, LineReporter
 from fedkit.cli.report import write_report as write_page
 from fedkit.core import runs
 from fedkit.errors import FedkitError
-from fedkit.flower.flower_executor import use_link
+from fedkit.flower.flower_executor import FlowerExecutor
 from fedkit.flower.internals import quick_pulls
 from fedkit.flower.server_root import submission
 
@@ -85,12 +86,12 @@ def main(grid: Grid, context: Context) -> None:
     if sent.recipe is None:
         print(f"{CHECKPOINTED}{out}: resuming its newest checkpoint", flush=True)
     try:
-        use_link(DeploymentLink(grid, sent.clients))
+        nodes = functools.partial(FlowerExecutor, link=DeploymentLink(grid, sent.clients))
         with working_in(out):
             if sent.recipe is None:
-                run, done = runs.resume(out, sent.overrides)
+                run, done = runs.resume(out, sent.overrides, nodes)
             else:
-                run, done = runs.start(sent.recipe, out), 0
+                run, done = runs.start(sent.recipe, out, executor=nodes), 0
                 print(f"{CHECKPOINTED}{out}: started", flush=True)
             rounds = run.recipe.federation.rounds
             summary = runs.execute(run, out, done, LineReporter(rounds))
@@ -99,8 +100,6 @@ def main(grid: Grid, context: Context) -> None:
             traceback.print_exc()  # (flwr run --stream, flwr log)
         print(f"fedkit: {failure(error)}", flush=True)  # the line `fedkit deploy run` shows
         raise
-    finally:
-        use_link(None)
     write_report(out)
     print(f"{CHECKPOINTED}{out}: done, {summary['rounds']} rounds", flush=True)
 

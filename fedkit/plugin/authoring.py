@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint
 from typing import Any
 
+from fedkit.errors import V2_HABITS, since_v3
 from fedkit.plugin import hookspecs
 from fedkit.plugin.markers import PROJECT
-from fedkit.plugin.migration import LEGACY_ARGUMENTS
-from fedkit.plugin.registry import hook_names, hook_side
+from fedkit.plugin.registry import hook_kind, hook_names, hook_side
 
 SPEC_ARGS = {
     name: [p for p in inspect.signature(getattr(hookspecs, name)).parameters]
@@ -54,6 +54,24 @@ def impl_args(fn: Any) -> list[str]:
     return params[1:] if params and params[0] == "self" else params
 
 
+def argument_problems(hook: str, fn: Any) -> list[str]:
+    """What is wrong with the arguments a hook implementation asks for: one it does not
+    get (pluggy would refuse it; a v2 one cites the migration table), or a chain hook's
+    that does not take the value it may replace."""
+    spec = SPEC_ARGS[hook]
+    wanted = impl_args(fn)
+    found = [
+        f"hook {hook!r} asks for argument {arg!r}, which it does not get (it gets "
+        f"{', '.join(spec)})"
+        + (f"; {since_v3(v2)}" if (v2 := f"{hook}({arg})") in V2_HABITS else "")
+        for arg in wanted
+        if arg not in spec
+    ]
+    if hook_kind(hook) == "chain" and spec[-1] not in wanted:
+        found.append(f"hook {hook!r} must take {spec[-1]!r}, the value it may replace")
+    return found
+
+
 def check_plugin(name: str, obj: Any) -> list[Finding]:
     """Problems of one plugin class or module (an empty list: none found)."""
     hooks = hook_names()
@@ -81,16 +99,7 @@ def check_plugin(name: str, obj: Any) -> list[Finding]:
                 )
             continue
         if marked and attr in hooks:
-            accepted = [*SPEC_ARGS[attr], *LEGACY_ARGUMENTS.get(attr, {})]  # v2 ones adapted
-            found += [
-                Finding(
-                    name,
-                    f"hook {attr!r} asks for argument {arg!r}, which it does not get "
-                    f"(it gets {', '.join(SPEC_ARGS[attr])})",
-                )
-                for arg in impl_args(fn)
-                if arg not in accepted
-            ]
+            found += [Finding(name, problem) for problem in argument_problems(attr, fn)]
     return found
 
 

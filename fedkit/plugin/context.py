@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -19,12 +19,17 @@ from torch import Tensor, nn
 from fedkit.config.schema import Recipe
 from fedkit.data.datasets import ImageSet
 from fedkit.plugin.reported import MAX_TEXT, MAX_VALUES, checked, too_many
-from fedkit.training.loop import Batch, NonFiniteLoss, run_loop
-from fedkit.training.optim import make_optimizer, round_lr
+from fedkit.training.loop import Batch, NonFiniteLoss, Objective, run_loop
+from fedkit.training.optim import make_optimizer
 
-if TYPE_CHECKING:
-    from fedkit.plugin.manager import Plugins
-    from fedkit.training.loop import Objective
+
+class Hooks(Protocol):
+    """What ``fit`` calls of the plugin manager (``fedkit.plugin.manager.Plugins``; naming
+    that here would close an import circle through the hook specs, which name this one)."""
+
+    def implementers(self, hook: str) -> list[str]: ...
+    def claims(self, hook: str, **kwargs: Any) -> dict[str, Any]: ...
+    def call(self, hook: str, **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ ATTRIBUTES = {
     "round": "the round (1-based; on evaluation, the round just finished)",
     "device": "the `torch.device` it computes on",
     "rng": "a `torch.Generator` seeded by (seed, round, client)",
-    "lr": "the learning rate of this round; inside `ctx.fit`, the one the optimiser uses",
+    "lr": "the learning rate of this round, as the server sent it (`ctx.fit`'s optimiser's)",
     "state": "JSON values it keeps between rounds (checkpointed)",
     "tensors": "tensors it keeps between rounds outside the model (checkpointed)",
     "scratch": "a dict for this job only: never persisted, never sent (caches)",
@@ -105,6 +110,7 @@ class ClientContext:
         *,
         recipe: Recipe,
         round: int,
+        lr: float,
         device: torch.device,
         rng: torch.Generator,
         keys: ModelKeys,
@@ -114,11 +120,10 @@ class ClientContext:
         cluster: int | None = None,
         offers: Sequence[Mapping[str, Tensor]] = (),
         received: dict[str, Tensor] | None = None,
-        plugins: Plugins | None = None,
+        plugins: Hooks | None = None,
     ) -> None:
         self.id, self.train, self.test = id, train, test
-        self.recipe, self.round, self.device, self.rng = recipe, round, device, rng
-        self.lr = round_lr(recipe.federation, max(round, 1))
+        self.recipe, self.round, self.lr, self.device, self.rng = recipe, round, lr, device, rng
         self.state = {} if state is None else state
         self.tensors = {} if tensors is None else tensors
         self.scratch: dict[str, Any] = {}
@@ -147,22 +152,15 @@ class ClientContext:
 
     def fetch(self, cluster: int) -> dict[str, Tensor]:
         """Download one cluster's state (copies); the ledger books it once per round."""
-        if not 0 <= cluster < len(self._offers):
-            raise ValueError(f"cluster {cluster} outside the pool of {len(self._offers)}")
-        if cluster not in self._fetched:
-            self._fetched.append(cluster)
-        return {k: v.clone() for k, v in self._offers[cluster].items()}
+        return {k: v.clone() for k, v in self._download(cluster).items()}
 
-    def _receive(self, cluster: int) -> None:
-        """The core's own download of the cluster this client chose: booked like
-        ``fetch``, its tensors put in ``received`` as the server sent them (read-only:
-        the worker copies them into the model, and a hook that wants to change one in
-        place clones it first), without the copy ``fetch`` makes for hooks."""
+    def _download(self, cluster: int) -> Mapping[str, Tensor]:
+        """Book a download of ``cluster`` (once per round); the server's tensors."""
         if not 0 <= cluster < len(self._offers):
             raise ValueError(f"cluster {cluster} outside the pool of {len(self._offers)}")
         if cluster not in self._fetched:
             self._fetched.append(cluster)
-        self.received.update(self._offers[cluster])
+        return self._offers[cluster]
 
     @property
     def logged(self) -> dict[str, Any]:
@@ -185,12 +183,11 @@ class ClientContext:
             raise too_many(next(reversed(metrics)))
 
     def fit(self, model: nn.Module, objective: Objective) -> dict[str, float]:
-        """Run the core fit loop: the recipe's optimiser at this round's learning rate,
-        every plugin's ``loss_terms`` and ``before_step``. Logs and returns the last
-        epoch's means (``loss``, ``loss_<term>``); adds the steps to ``ctx.steps``."""
+        """Run the core fit loop: the recipe's optimiser at ``ctx.lr``, every plugin's
+        ``loss_terms`` and ``before_step``. Logs and returns the last epoch's means
+        (``loss``, ``loss_<term>``); adds the steps to ``ctx.steps``."""
         plugins, cfg = self._plugins, self.recipe.federation
-        optimizer = make_optimizer(objective.trained_params(model), cfg, self.round)
-        self.lr = optimizer.param_groups[0]["lr"]
+        optimizer = make_optimizer(objective.trained_params(model), cfg.optimizer, self.lr)
         terms = before = None
         if plugins is not None and plugins.implementers("loss_terms"):
 
@@ -200,7 +197,6 @@ class ClientContext:
         if plugins is not None and plugins.implementers("before_step"):
 
             def before(opt: torch.optim.Optimizer) -> None:
-                self.lr = opt.param_groups[0]["lr"]
                 plugins.call("before_step", ctx=self, model=model, optimizer=opt)
 
         try:
@@ -213,8 +209,16 @@ class ClientContext:
                 before_step=before,
             )
         except NonFiniteLoss as exc:
-            lr = optimizer.param_groups[0]["lr"]
-            raise NonFiniteLoss(f"{exc} (learning rate {lr:g}: too high for this model?)") from None
+            too_high = f"learning rate {self.lr:g}: too high for this model?"
+            raise NonFiniteLoss(f"{exc} ({too_high})") from None
         self.steps += result.steps
         self.log(**result.last)
         return result.last
+
+
+def receive(ctx: ClientContext, cluster: int) -> None:
+    """The core's own download of the cluster a client chose: booked like ``ctx.fetch``,
+    its tensors put in ``ctx.received`` as the server sent them (read-only: the worker
+    copies them into the model, and a hook that wants to change one in place clones it
+    first), without the copy ``fetch`` makes for hooks."""
+    ctx.received.update(ctx._download(cluster))

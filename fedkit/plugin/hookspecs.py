@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
     from torch.optim import Optimizer
 
-    from fedkit.core.server import ClientInfo, Server, Upload
     from fedkit.plugin.context import ClientContext
+    from fedkit.plugin.server import ClientInfo, Server, Upload
     from fedkit.training.loop import Objective
 
 REGISTRY, SERVER, CLIENT = "registry", "server", "client"

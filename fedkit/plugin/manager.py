@@ -7,15 +7,19 @@ from the recipe: a plugin class is constructed with its options (validated by it
 Every hook is called through pluggy (``pm.hook.<name>(...)``), so wrappers, tracing
 (``add_hookcall_monitoring``) and pluggy's ordering work for every hook. A plugin is
 registered through an *adapter*: an object whose hook functions call the plugin's own,
-name its exceptions (``PluginError``), tag what it claims with its name (claims hooks)
-or pass the previous plugin's result on (chain hooks), and give a v2 plugin the arguments
-it still asks for (``fedkit.plugin.migration``). pluggy's objects are never changed.
-Plugins are registered in reverse recipe order, so pluggy, which calls the last
-registered first, calls them in recipe order; ``tryfirst``/``trylast`` are refused.
+name its exceptions (``PluginError``; a contract v2 habit gets ``ContractChanged``, citing
+the migration table), and tag what it claims with its name (claims hooks) or pass the
+previous plugin's result on (chain hooks). Each adapted function is marked as wrapping the
+plugin's method (``functools.wraps``), so pluggy reads the plugin's own argument names
+and passes just those (decision 0020). pluggy's objects are never changed. Plugins are
+registered in reverse recipe order, so pluggy, which calls the last registered first,
+calls them in recipe order; ``tryfirst``/``trylast`` are refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import os
 import sys
@@ -29,17 +33,20 @@ from torch import Tensor
 
 from fedkit.config.schema import Recipe, expected_from
 from fedkit.errors import (
+    V2_HABITS,
     ClaimConflict,
     ClaimMismatch,
+    ContractChanged,
     FedkitError,
     MissingOffer,
     PluginError,
     RecipeError,
     did_you_mean,
+    since_v3,
     unknown_hint,
 )
-from fedkit.plugin import hookspecs, migration
-from fedkit.plugin.authoring import check_plugin, impl_args
+from fedkit.plugin import hookspecs
+from fedkit.plugin.authoring import SPEC_ARGS, argument_problems, check_plugin, impl_args
 from fedkit.plugin.markers import DROP, PROJECT
 from fedkit.plugin.registry import (
     discover,
@@ -50,13 +57,13 @@ from fedkit.plugin.registry import (
     registers_only,
 )
 from fedkit.plugin.reported import MetricError
+from fedkit.training.loop import Objective
 
 SIDES = (hookspecs.SERVER, hookspecs.CLIENT)
 DROPPING = ("upload_selection", "aggregate", "server_update")
 """The claims hooks where ``DROP`` removes a key (from an upload, from a cluster state)."""
-SPEC_ARGS = {
-    name: tuple(inspect.signature(getattr(hookspecs, name)).parameters) for name in hook_names()
-}
+LOSS_HOOKS = ("local_train", "local_objective")
+"""Hooks where a v2 loss meets v3's ``(loss, outputs)``."""
 
 
 @dataclass(frozen=True)
@@ -100,10 +107,13 @@ def load(name: str, entry_point: Any, index: int) -> Any:
     try:
         return entry_point.load()
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
+        old = str(getattr(exc, "name", "")).split(".")  # v2's modules: fedkit.<name>
+        moved = isinstance(exc, ModuleNotFoundError) and len(old) == 2 and old[0] == "fedkit"
         raise RecipeError(
             f"plugins.{index}",
             f"an importable plugin ({name!r} fails to import: {type(exc).__name__}: {exc})",
             name,
+            hint=f"; {since_v3('import')}" if moved else "",
         ) from None
 
 
@@ -121,25 +131,44 @@ def check_authoring(name: str, obj: Any, index: int) -> None:
 def instantiate(name: str, obj: Any, options: dict[str, Any], index: int) -> Any:
     """A plugin instance for one side: the class built with validated options, or the module."""
     where = f"plugins.{index}.{name}"
-    if not inspect.isclass(obj):
-        if options:
-            raise RecipeError(where, "no options (this plugin takes none)", options)
-        return obj
-    schema = getattr(obj, "Options", None)
+    schema = getattr(obj, "Options", None) if inspect.isclass(obj) else None
     if isinstance(schema, type) and issubclass(schema, BaseModel):
         return obj(_validate_options(schema, options, where))
     if options:
-        raise RecipeError(where, "no options (this plugin declares none)", options)
-    return obj()
+        key = next(iter(options))
+        raise RecipeError(f"{where}.{key}", f"no options ({name!r} takes none)", options[key])
+    return obj() if inspect.isclass(obj) else obj
 
 
-def _signature_function(hook: str, call: Callable[[tuple[Any, ...]], Any]) -> Callable[..., Any]:
-    """A function whose parameters are exactly ``hook``'s arguments (pluggy reads them
-    from the code object), forwarding them as one tuple to ``call``."""
-    args = ", ".join(SPEC_ARGS[hook])
-    namespace: dict[str, Any] = {"call": call}
-    exec(f"def {hook}({args}):\n    return call(({args},))\n", namespace)  # noqa: S102
-    return namespace[hook]
+def _named(plugin: str, hook: str, exc: Exception) -> Exception:
+    """An exception raised in ``plugin``'s ``hook``, named: a v2 habit (a removed attribute,
+    arithmetic on v3's ``(loss, outputs)``) as ``ContractChanged``, else ``PluginError``."""
+    removed = f"{type(getattr(exc, 'obj', None)).__name__}.{getattr(exc, 'name', '')}"
+    if isinstance(exc, AttributeError) and removed in V2_HABITS:
+        return ContractChanged.of(plugin, f"hook {hook!r} reads {removed}", removed)
+    if isinstance(exc, TypeError | AttributeError) and hook in LOSS_HOOKS and "tuple" in str(exc):
+        where = f"hook {hook!r} ({type(exc).__name__}: {exc})"
+        return ContractChanged.of(plugin, where, "Objective.loss")
+    return PluginError(plugin, hook, exc)
+
+
+def _attributed(plugin: str, objective: Objective) -> Objective:
+    """``objective`` with its loss's errors named after the plugin that supplied it."""
+    loss = objective.loss
+
+    def attributed(model: Any, batch: Any) -> Any:
+        try:
+            result = loss(model, batch)
+        except (FedkitError, MissingOffer):
+            raise
+        except Exception as exc:
+            raise _named(plugin, "local_objective", exc) from exc
+        if isinstance(result, tuple) and len(result) != 2:
+            where = f"hook 'local_objective' (its loss returned a {len(result)}-tuple)"
+            raise ContractChanged.of(plugin, where, "Objective.loss")
+        return result
+
+    return dataclasses.replace(objective, loss=attributed)
 
 
 class _Adapter:
@@ -147,10 +176,7 @@ class _Adapter:
     docstring)."""
 
     def __init__(self, name: str, obj: Any, side: str) -> None:
-        self._plugin_name, self._wanted = name, {}
-        for attr, message in migration.REMOVED_ATTRIBUTES.items():
-            if hasattr(obj, attr):
-                migration.notice(f"plugin {name!r}: {message}")
+        self._plugin_name = name
         for hook in implemented_hooks(obj):
             if hook_side(hook) != side:
                 continue
@@ -166,63 +192,47 @@ class _Adapter:
             if opts.get("wrapper") or opts.get("hookwrapper"):
                 setattr(self, hook, method)  # pluggy runs wrappers as they are
                 continue
-            adapted = self._adapt(hook, method)
-            setattr(adapted, f"{PROJECT}_impl", dict(opts))
-            setattr(self, hook, adapted)
+            problems = argument_problems(hook, method)  # before pluggy's own refusal
+            if problems:
+                raise RecipeError(
+                    f"plugins ({name})", "hook arguments", hint=": " + "; ".join(problems)
+                )
+            setattr(self, hook, self._adapt(hook, method))
 
     def _adapt(self, hook: str, method: Callable[..., Any]) -> Callable[..., Any]:
-        plugin, spec = self._plugin_name, SPEC_ARGS[hook]
-        wanted = impl_args(method)
-        legacy = migration.LEGACY_ARGUMENTS.get(hook, {})
-        self._wanted[hook] = frozenset(wanted)
-        picks = [(spec.index(a), None) if a in spec else (None, legacy[a]) for a in wanted]
-        kind = hook_kind(hook)
-        chain_at = spec.index("upload") if kind == "chain" else None
-        metrics = hook in migration.RETURNED_METRICS
+        plugin, kind = self._plugin_name, hook_kind(hook)
+        value = SPEC_ARGS[hook][-1]
+        chain_at = impl_args(method).index(value) if kind == "chain" else -1
+        returned = f"{hook} returned"
 
-        def call(values: tuple[Any, ...]) -> Any:
-            kwargs = None
-            args = []
-            for position, provide in picks:
-                if provide is None:
-                    value = values[position]
-                    args.append(value.value if position == chain_at else value)
-                else:
-                    kwargs = kwargs if kwargs is not None else dict(zip(spec, values, strict=True))
-                    args.append(provide(kwargs, plugin, hook))
+        @functools.wraps(method)  # pluggy reads the plugin's argument names through this
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if chain_at >= 0:
+                holder = args[chain_at]
+                args = (*args[:chain_at], holder.value, *args[chain_at + 1 :])
             try:
-                result = method(*args)
+                result = method(*args, **kwargs)
             except MetricError as exc:  # ctx.log refused a value: name who reported it
                 raise exc.by(plugin, hook) from None
             except (FedkitError, PluginError, MissingOffer):
                 raise
             except Exception as exc:
-                raise PluginError(plugin, hook, exc) from exc
+                raise _named(plugin, hook, exc) from exc
             if kind == "claims":
                 return Claim(plugin, result) if result else None
-            if kind == "chain":
+            if chain_at >= 0:
                 if result is not None:
-                    values[chain_at].value = result
+                    holder.value = result
                 return None
-            if metrics and isinstance(result, Mapping):
-                return _returned_metrics(plugin, hook, result, values[0])
+            if isinstance(result, Mapping) and returned in V2_HABITS:
+                raise ContractChanged.of(
+                    plugin, f"hook {hook!r} returned {type(result).__name__}", returned
+                )
+            if isinstance(result, Objective):
+                return _attributed(plugin, result)
             return result
 
-        return _signature_function(hook, call)
-
-
-def _returned_metrics(plugin: str, hook: str, result: Mapping[str, Any], owner: Any) -> Any:
-    """A v2 hook returned metrics: log them through the one channel (saying so when they
-    add something), and keep ``local_train``'s answer."""
-    logged = owner.logged if hook != "evaluate" else {}
-    new = {k: v for k, v in result.items() if k not in logged or logged[k] != v}
-    if new:
-        migration.returned_metrics(plugin, hook)
-        try:
-            owner.log(**new)
-        except MetricError as exc:
-            raise exc.by(plugin, hook) from None
-    return True if hook == "local_train" else None
+        return call
 
 
 class Plugins:
@@ -247,7 +257,6 @@ class Plugins:
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.objects: dict[str, Any] = {}
-        self._adapters: dict[str, _Adapter] = {}
         for index, spec in enumerate(recipe.plugins):
             if spec.name not in self.available:
                 raise RecipeError(
@@ -282,9 +291,7 @@ class Plugins:
     def add(self, obj: Any, name: str) -> None:
         """Register a plugin object on this side, called after the plugins registered so
         far (tests add spies this way)."""
-        adapter = _Adapter(name, obj, self.side)
-        self.pm.register(adapter, name=name)
-        self._adapters[name] = adapter
+        self.pm.register(_Adapter(name, obj, self.side), name=name)
         self.objects.setdefault(name, obj)
 
     def _check_shadowing(self) -> None:
@@ -331,7 +338,8 @@ class Plugins:
     def wants(self, hook: str, argument: str) -> bool:
         """Whether any active implementation of ``hook`` takes ``argument`` (so a costly
         argument is computed only for plugins that read it)."""
-        return any(argument in a._wanted.get(hook, ()) for a in self._adapters.values())
+        impls = self._caller(hook).get_hookimpls()
+        return any(argument in (*impl.argnames, *impl.kwargnames) for impl in impls)
 
     def claims(
         self, hook: str, reference: dict[str, Any] | None = None, **kwargs: Any
@@ -340,8 +348,8 @@ class Plugins:
 
         Raises ``ClaimConflict`` when two plugins claim one key, ``ClaimMismatch`` when a
         claimed tensor differs in shape or dtype from ``reference[key]``, and a
-        ``PluginError`` for ``DROP`` in a hook with nothing to remove. A v2 ``None``
-        value counts as ``DROP`` (with a notice).
+        ``PluginError`` for ``DROP`` in a hook with nothing to remove and
+        ``ContractChanged`` for a v2 ``None`` value.
         """
         owners: dict[str, str] = {}
         merged: dict[str, Any] = {}
@@ -352,8 +360,8 @@ class Plugins:
                 if key in owners:
                     raise ClaimConflict(hook, key, owners[key], claim.plugin)
                 if value is None:
-                    migration.claimed_none(claim.plugin, hook, key)
-                    value = DROP
+                    where = f"hook {hook!r} claimed {key!r} with None"
+                    raise ContractChanged.of(claim.plugin, where, "claimed None")
                 if value is DROP and hook not in DROPPING:
                     reason = ValueError(
                         f"claimed {key!r} with fedkit.DROP, which only {', '.join(DROPPING)} "

@@ -9,7 +9,7 @@ one seeded ``torch.Generator``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -18,9 +18,7 @@ from fedkit.data.datasets import ImageSet
 from fedkit.ssl.augment import TwoViewAugment
 from fedkit.training.batching import batches, transfer
 from fedkit.training.loop import Objective
-
-if TYPE_CHECKING:
-    from fedkit.plugin.context import ClientContext
+from fedkit.training.supervised import TrainingClient
 
 TwoViewLoss = Callable[[nn.Module, Tensor, Tensor], Any]
 """``loss_fn(model, view1, view2)``: a scalar loss, or ``(loss, outputs)`` with the forward
@@ -52,7 +50,7 @@ def two_view_batches(
 
 
 def two_view_objective(
-    ctx: ClientContext,
+    ctx: TrainingClient,
     loss_fn: TwoViewLoss,
     params: Iterable[nn.Parameter],
     *,

@@ -4,19 +4,26 @@ of a model on an image set."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedkit.config.schema import Recipe
 from fedkit.data.datasets import ImageSet
 from fedkit.models.backbones import logits
 from fedkit.training.batching import batches, labelled_batches, normalize, transfer
 from fedkit.training.loop import Objective
 
-if TYPE_CHECKING:
-    from fedkit.plugin.context import ClientContext
+
+class TrainingClient(Protocol):
+    """What an objective reads of the client it trains (a ``ClientContext`` is one)."""
+
+    recipe: Recipe
+    train: ImageSet
+    rng: torch.Generator
+    device: torch.device
 
 
 def has_batchnorm(model: nn.Module) -> bool:
@@ -39,7 +46,7 @@ def supervised_step(model: nn.Module, batch: tuple[Tensor, Tensor]) -> tuple[Ten
 
 
 def supervised_objective(
-    ctx: ClientContext, model: nn.ModuleDict, params: Iterable[nn.Parameter] | None = None
+    ctx: TrainingClient, model: nn.ModuleDict, params: Iterable[nn.Parameter] | None = None
 ) -> Objective:
     """Cross-entropy on the client's labelled data with the recipe's batch size; ``params``
     restricts what learns (default: everything)."""

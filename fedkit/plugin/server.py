@@ -5,22 +5,26 @@ label space, the server's own data split (when the recipe gives one), and the va
 tensors plugins keep (checkpointed). No client's data and no client's memory: those stay
 on the client side of the executor, and simulation-only knowledge (every client's test
 set, the true groups) lives in the engine's ``Evaluator``, which no hook receives.
+
+The view is read-only: hooks change what plugins keep (the contents of ``state`` and
+``tensors``, ``once``) and the round's row (``log``); the engine changes the rest in the
+``ServerRecord`` it keeps on its run and hands the view.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from fedkit.config.schema import Recipe
-from fedkit.core.ledger import Ledger
 from fedkit.data.datasets import ImageSet
 from fedkit.plugin.keys import parameter_keys
+from fedkit.plugin.ledger import Ledger
 from fedkit.seeding import isolated_rng
 
 
@@ -52,73 +56,64 @@ class ClientInfo:
         }
 
 
-ATTRIBUTES = {
-    "recipe": "the validated recipe",
-    "round": "the current round (0 during set-up)",
-    "device": "the `torch.device` the server computes on",
-    "num_classes": "the number of classes of the data set",
-    "classes": "the class names",
-    "own_data": "the server's own split (`data.server_fraction`; an empty `ImageSet` without one)",
-    "roster": "a `ClientInfo` per client: `id`, declared `num_samples`, `participations`, "
-    "last reported `cluster`, `last_round`",
-    "sampled": "the clients of the current round",
-    "pool": "the cluster states, one `{key: tensor}` per cluster (shared keys only)",
-    "template": "the first model `init_models` built (every part, on the CPU)",
-    "private": "the keys that never leave a client",
-    "model_keys": "every key of the template",
-    "parameter_keys": "the template's trainable parameter keys",
-    "model": "`server.model(c)`: a module with cluster `c`'s state loaded",
-    "shared": "`server.shared(state)`: a state's non-private entries, CPU copies",
-    "ledger": "the communication ledger (read it; the core books every transfer)",
-    "state": "JSON values plugins keep (checkpointed)",
-    "tensors": "server-only tensors plugins keep (checkpointed)",
-    "once": "`server.once(name, compute)`: a result computed once per run, kept in checkpoints",
-    "log": "`server.log(name=value)`: add to this round's metrics row",
-}
-"""Every public attribute of ``Server``, as docs/plugins.md documents it."""
-
-REMOVED = {
-    "data": "Server.data is gone (contract v3): a server holds no client data; use "
-    "server.num_classes, server.classes and server.own_data (its own split), and score "
-    "clients' data on the clients (the evaluate_client hook)",
-}
+T = TypeVar("T")
 
 
-MISSING = object()
-"""Not computed yet."""
+@dataclass
+class ServerRecord:
+    """Everything the server view shows, as the engine keeps it on its run and changes it:
+    the round, its sampled clients and metrics row (``server.log`` adds to it), the pool,
+    the template and the private keys once ``init_models`` ran."""
+
+    recipe: Recipe
+    device: torch.device
+    classes: list[str]
+    own_data: ImageSet
+    roster: list[ClientInfo]
+    ledger: Ledger = field(default_factory=Ledger)
+    state: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    round: int = 0
+    sampled: list[int] = field(default_factory=list)
+    row: dict[str, Any] = field(default_factory=dict)
+    pool: list[dict[str, Tensor]] = field(default_factory=list)
+    template: nn.ModuleDict | None = None
+    private: frozenset[str] = frozenset()
+
+
+class _Shown(Generic[T]):
+    """A read-only attribute of the view: the record's field of the same name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, view: Server | None, owner: type | None = None) -> T:
+        if view is None:  # the class's own attribute (help(), inspect)
+            return self  # type: ignore[return-value]
+        return getattr(view._record, self.name)
 
 
 class Server:
-    """What server-side hooks receive (see the module docstring and ``ATTRIBUTES``)."""
+    """What server-side hooks receive: docs/plugins.md documents each public attribute (a
+    test keeps the two equal)."""
 
-    def __init__(
-        self,
-        recipe: Recipe,
-        device: torch.device,
-        *,
-        classes: list[str],
-        declared: list[int],
-        own_data: ImageSet,
-    ) -> None:
-        self.recipe, self.device = recipe, device
-        self.classes, self.own_data = list(classes), own_data
-        self.ledger = Ledger()
-        self.pool: list[dict[str, Tensor]] = []
-        self.template: nn.ModuleDict | None = None
-        self.private: frozenset[str] = frozenset()
-        self.state: dict[str, Any] = {}
-        self.tensors: dict[str, Tensor] = {}
-        self.round = 0
-        self.sampled: list[int] = []
-        self.roster = [ClientInfo(i, int(n)) for i, n in enumerate(declared)]
-        self._row: dict[str, Any] = {}
-        self._eligible: Any = MISSING  # the engine's, found once (see engine.eligible)
-        self._participants: set[int] = set()  # who answered at least once (checkpoints)
+    __slots__ = ("_record",)
+    recipe: _Shown[Recipe] = _Shown()
+    device: _Shown[torch.device] = _Shown()
+    classes: _Shown[list[str]] = _Shown()
+    own_data: _Shown[ImageSet] = _Shown()
+    roster: _Shown[list[ClientInfo]] = _Shown()
+    ledger: _Shown[Ledger] = _Shown()
+    state: _Shown[dict[str, Any]] = _Shown()
+    tensors: _Shown[dict[str, Tensor]] = _Shown()
+    round: _Shown[int] = _Shown()
+    sampled: _Shown[list[int]] = _Shown()
+    pool: _Shown[list[dict[str, Tensor]]] = _Shown()
+    template: _Shown[nn.ModuleDict | None] = _Shown()
+    private: _Shown[frozenset[str]] = _Shown()
 
-    def __getattr__(self, name: str) -> Any:
-        if name in REMOVED:
-            raise AttributeError(REMOVED[name])
-        raise AttributeError(f"Server has no {name!r} (it has {', '.join(ATTRIBUTES)})")
+    def __init__(self, record: ServerRecord) -> None:
+        self._record = record
 
     def __getstate__(self) -> None:
         raise TypeError("the Server never travels to clients; send tensors through the core")
@@ -129,13 +124,7 @@ class Server:
 
     def log(self, **values: Any) -> None:
         """Add entries to this round's metrics row (JSON values, deterministic)."""
-        self._row.update(values)
-
-    def _set_pool(self, models: list[nn.ModuleDict], private: frozenset[str]) -> None:
-        """Install the initial pool: the shared keys of each model; the first is the template."""
-        self.template, self.private = copy.deepcopy(models[0]).cpu(), frozenset(private)
-        self.ledger.model_keys = frozenset(self.template.state_dict())
-        self.pool = [self.shared(m.state_dict()) for m in models]
+        self._record.row.update(values)
 
     def shared(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """The non-private entries of a state, detached copies on the CPU."""
