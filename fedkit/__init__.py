@@ -14,7 +14,7 @@ from typing import Any
 from fedkit.plugin.markers import DROP, hookimpl
 from fedkit.plugin.options import PluginOptions
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _HOMES = {
     "fedkit.plugin.context": "ClientContext",

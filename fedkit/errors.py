@@ -85,6 +85,10 @@ V2_HABITS: dict[str, tuple[str, str]] = {
         "M30",
         "an objective's loss returns (loss, outputs): take the loss with fedkit.split_loss",
     ),
+    "make_optimizer(federation, round)": (
+        "M31",
+        "call make_optimizer(params, federation.optimizer, ctx.lr): jobs carry the round's rate",
+    ),
 }
 """What contract v2 plugins did that v3 removed or changed: the migration table's row
 (decision 0012) and what to write instead, for the errors a v2 plugin gets."""
@@ -102,7 +106,7 @@ class ContractChanged(FedkitError):
 def since_v3(habit: str) -> str:
     """What contract v3 wants instead of a v2 ``habit``, citing the migration table's row."""
     row, instead = V2_HABITS[habit]
-    return f"contract v3 changed this: {instead} (migration table row {row}, {MIGRATION})"
+    return f"the plugin contract changed: {instead} (migration table row {row}, {MIGRATION})"
 
 
 class ClaimConflict(FedkitError):

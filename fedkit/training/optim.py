@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from fedkit.config.schema import FederationConfig, OptimizerConfig
+from fedkit.errors import since_v3
 
 
 def round_lr(cfg: FederationConfig, round: int) -> float:
@@ -26,7 +27,7 @@ def make_optimizer(
     """The recipe's optimiser (``federation.optimizer``) at the learning rate it is given:
     on a client, ``ctx.lr``, the round's rate the server sent."""
     if not isinstance(opt, OptimizerConfig):  # the old call: (params, federation, round)
-        raise TypeError(f"make_optimizer(params, federation.optimizer, lr), not {type(opt)}")
+        raise TypeError(since_v3("make_optimizer(federation, round)"))
     if opt.name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
     if opt.name == "adam":
