@@ -12,6 +12,7 @@ from __future__ import annotations
 import colorsys
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -86,6 +87,23 @@ def write_recipe(tmp_path: Path):
         return path
 
     return write
+
+
+def install_plugins(root: Path, sources: dict[str, str], dist: str = "{name}") -> Path:
+    """Each ``{name: source}`` as its own installed distribution under ``root`` (a module
+    and its ``.dist-info`` with a ``fedkit`` entry point to the source's one class), as
+    ``pip install`` leaves them; ``dist`` formats the distribution's name."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, source in sources.items():
+        source = textwrap.dedent(source)
+        (root / f"{name}_plugin.py").write_text(source)
+        info = root / f"{name}_plugin-0.1.dist-info"
+        info.mkdir()
+        meta = f"Metadata-Version: 2.1\nName: {dist.format(name=name)}\nVersion: 0.1\n"
+        (info / "METADATA").write_text(meta)
+        (cls,) = re.findall(r"^class (\w+)", source, flags=re.M)
+        (info / "entry_points.txt").write_text(f"[fedkit]\n{name} = {name}_plugin:{cls}\n")
+    return root
 
 
 # Preparing runs in process -------------------------------------------------------------

@@ -6,11 +6,8 @@ dry round, and a tensor of the wrong shape from aggregate, named at the hook."""
 
 from __future__ import annotations
 
-import re
-import textwrap
-
 import pytest
-from conftest import tiny_recipe
+from conftest import install_plugins, tiny_recipe
 from typer.testing import CliRunner
 
 import fedkit.cli.app
@@ -100,17 +97,7 @@ PLUGINS = {
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
     """Every plugin above as its own installed distribution (module + dist-info)."""
-    root = tmp_path / "site"
-    root.mkdir()
-    for name, source in PLUGINS.items():
-        (root / f"{name}_plugin.py").write_text(textwrap.dedent(source))
-        info = root / f"{name}_plugin-0.1.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {name}-plugin\nVersion: 0.1\n"
-        )
-        (cls,) = re.findall(r"^class (\w+)", textwrap.dedent(source), flags=re.M)
-        (info / "entry_points.txt").write_text(f"[fedkit]\n{name} = {name}_plugin:{cls}\n")
+    root = install_plugins(tmp_path / "site", PLUGINS, dist="{name}-plugin")
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.setattr(fedkit.cli.app.console, "width", 250)
     return root

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import re
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import tiny_recipe
+from conftest import install_plugins, tiny_recipe
 from typer.testing import CliRunner
 
 import fedkit
@@ -126,15 +125,7 @@ CASES = [
 @pytest.fixture
 def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every v2 plugin above as its own installed distribution (module + dist-info)."""
-    root = tmp_path / "site"
-    root.mkdir()
-    for name, source in V2.items():
-        (root / f"{name}_plugin.py").write_text(textwrap.dedent(source))
-        info = root / f"{name}_plugin-0.1.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
-        (cls,) = re.findall(r"^class (\w+)", textwrap.dedent(source), flags=re.M)
-        (info / "entry_points.txt").write_text(f"[fedkit]\n{name} = {name}_plugin:{cls}\n")
+    root = install_plugins(tmp_path / "site", V2)
     monkeypatch.syspath_prepend(str(root))
     return root
 
