@@ -8,38 +8,121 @@ its K uploads, unweighted so that one client moves the mean by at most C/K
 (``aggregate``; the noise generator is seeded per round and cluster, so runs resume
 exactly). Integer buffers keep the core default.
 
-The privacy spent is accounted with opacus's RDP accountant for ``rounds`` steps of the
-subsampled Gaussian mechanism with sampling rate q = clients_per_round / num_clients and
-noise multiplier σ; ``dp_epsilon`` (at ``delta``) is written to every round's metrics.
-The accountant assumes Poisson sampling; fedkit samples a fixed number of clients per
-round, the usual approximation. Uploads of non-model keys (features, control variates)
-are refused: DP bounds model updates only. Needs the ``dp`` extra (``pip install
-fedkit-fl[dp]``).
+The privacy spent is accounted with opacus's ``accountant`` (``rdp``, or ``prv``) for
+``rounds`` steps of the subsampled Gaussian mechanism with sampling rate q =
+clients_per_round / num_clients and noise multiplier σ. ε at round r is a function of
+(σ, q, r, δ) alone, so a resumed run continues the same accounting. Each round, ε (at
+``delta``) goes to the metrics row (``dp_epsilon``) and to the ledger's ``privacy``
+entry (level ``client``). With ``target_epsilon`` and no ``noise_multiplier``, σ is
+calibrated by opacus's ``get_noise_multiplier`` so that ε after ``federation.rounds``
+stays within the target (kept in the server state: a resumed run keeps its σ); with
+both, a run whose ε would exceed the target is refused before round 1, naming the first
+round over it. The accountant assumes Poisson sampling; fedkit samples a fixed number of
+clients per round, the usual approximation (decision 0021). Uploads of non-model keys
+(features, control variates) are refused: DP bounds model updates only. Needs the
+``dp`` extra (``pip install fedkit-fl[dp]``).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor
 
 from fedkit import ClientContext, PluginOptions, RecipeError, Server, Upload, derive, hookimpl
 
+DEFAULT_NOISE = 1.0
+"""σ when neither ``noise_multiplier`` nor ``target_epsilon`` is given."""
+CALIBRATION_TOLERANCE = 1e-3
+"""Calibration stops once ε is within this fraction of the target (below it, never above)."""
+RDP_ORDERS = tuple(range(2, 257))
+"""The RDP orders α the ``rdp`` accountant minimises ε over: integers, where the RDP of
+the subsampled Gaussian is a finite sum that opacus and Google's dp-accounting compute
+alike (at fractional orders they evaluate an infinite series differently and part by up
+to 0.1 in ε; decision 0021); up to 256, so small budgets find their order."""
 
-def accountant_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float):
-    """ε after ``steps`` rounds, from opacus's RDP accountant."""
+
+def accountant_epsilon(
+    noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str = "rdp"
+) -> float:
+    """ε after ``steps`` rounds of the subsampled Gaussian mechanism, from opacus's
+    ``accountant`` (``rdp`` or ``prv``); 0 before any round, ∞ without noise."""
+    if steps == 0:
+        return 0.0
     if noise_multiplier == 0:
         return math.inf
-    from opacus.accountants import RDPAccountant
+    from opacus.accountants import create_accountant
 
-    accountant = RDPAccountant()
-    accountant.history = [(noise_multiplier, sample_rate, steps)]
-    with warnings.catch_warnings():  # "optimal order is the smallest alpha": huge ε anyway
+    counter = create_accountant(mechanism=accountant)
+    counter.history = [(noise_multiplier, sample_rate, steps)]
+    with quiet():
+        return float(counter.get_epsilon(delta=delta, **orders(accountant)))
+
+
+def orders(accountant: str) -> dict[str, tuple[int, ...]]:
+    """The ``alphas`` argument for opacus's RDP accountant (none for the others)."""
+    return {"alphas": RDP_ORDERS} if accountant == "rdp" else {}
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Silence the accountants' warnings at the edges of their range ("optimal order is
+    the smallest/largest alpha", PRV's overflows when there is barely any noise)."""
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return float(accountant.get_epsilon(delta=delta))
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+def calibrated_noise(
+    target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str = "rdp"
+) -> float:
+    """The σ with which ``steps`` rounds spend at most ``target_epsilon``: opacus's own
+    calibration (a bisection on its accountant), to ``CALIBRATION_TOLERANCE``."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    with quiet():
+        return float(
+            get_noise_multiplier(
+                target_epsilon=target_epsilon,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant=accountant,
+                epsilon_tolerance=CALIBRATION_TOLERANCE * target_epsilon,
+                **orders(accountant),
+            )
+        )
+
+
+def first_round_over(
+    target_epsilon: float,
+    noise_multiplier: float,
+    sample_rate: float,
+    rounds: int,
+    delta: float,
+    accountant: str = "rdp",
+) -> int | None:
+    """The first round after which ε exceeds ``target_epsilon`` (ε grows with the
+    rounds, so a bisection), or ``None`` if ``rounds`` rounds stay within it."""
+
+    def over(r: int) -> bool:
+        eps = accountant_epsilon(noise_multiplier, sample_rate, r, delta, accountant)
+        return eps > target_epsilon
+
+    if not over(rounds):
+        return None
+    low, high = 0, rounds  # ε(low) within the target, ε(high) over it
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if over(middle) else (middle, high)
+    return high
 
 
 def clipped(update: dict[str, Tensor], clip: float) -> tuple[dict[str, Tensor], float]:
@@ -54,11 +137,29 @@ class DP:
 
     class Options(PluginOptions):
         clip: float = Field(1.0, gt=0)
-        noise_multiplier: float = Field(1.0, ge=0)
+        noise_multiplier: float | None = Field(None, ge=0)
+        """σ; left out, calibrated from ``target_epsilon``, else ``DEFAULT_NOISE``."""
+        target_epsilon: float | None = Field(None, gt=0)
+        """The budget: ε after ``federation.rounds`` rounds, at ``delta``."""
         delta: float = Field(1e-5, gt=0, lt=1)
+        accountant: Literal["rdp", "prv"] = "rdp"
+
+        @field_validator("target_epsilon")
+        @classmethod
+        def _noise_for_a_budget(cls, target: float | None, info: ValidationInfo) -> float | None:
+            if target is not None and info.data.get("noise_multiplier") == 0:
+                raise ValueError(
+                    "no target_epsilon with noise_multiplier 0 (no noise spends an infinite ε): "
+                    "give noise_multiplier > 0, or leave it out to calibrate it from the target"
+                )
+            return target
 
     def __init__(self, options: Options) -> None:
         self.options = options
+        # σ of the server's noise: the option, the default, or (server side, in
+        # ``configure``) calibrated from ``target_epsilon``
+        fixed = options.noise_multiplier
+        self.sigma = fixed if fixed is not None else DEFAULT_NOISE
 
     # ---------------------------------------------------------------- client side
 
@@ -84,21 +185,52 @@ class DP:
 
     @hookimpl
     def configure(self, server: Server) -> None:
+        """Calibrate σ from the budget, or refuse a run that would exceed it."""
         try:
             import opacus  # noqa: F401
         except ImportError:
             raise RecipeError(
                 "plugins", "the dp extra installed (pip install 'fedkit-fl[dp]')", "dp"
             ) from None
+        o = self.options
+        if o.target_epsilon is None:
+            return
+        rounds, q = server.recipe.federation.rounds, sample_rate(server)
+        if o.noise_multiplier is None:
+            kept = server.state.setdefault("dp", {})  # a resumed run keeps the σ it began with
+            if "noise_multiplier" not in kept:
+                try:
+                    kept["noise_multiplier"] = calibrated_noise(
+                        o.target_epsilon, o.delta, q, rounds, o.accountant
+                    )
+                except ValueError:  # opacus: "the privacy budget is too low" (σ > 1e6)
+                    raise RecipeError(
+                        f"{option_key(server)}.target_epsilon",
+                        f"a budget a noise multiplier up to 1e6 meets in {rounds} rounds",
+                        o.target_epsilon,
+                    ) from None
+            self.sigma = kept["noise_multiplier"]
+        first = first_round_over(o.target_epsilon, self.sigma, q, rounds, o.delta, o.accountant)
+        if first is not None:
+            reached = accountant_epsilon(self.sigma, q, rounds, o.delta, o.accountant)
+            raise RecipeError(
+                f"{option_key(server)}.target_epsilon",
+                f"a budget the run keeps to: with noise_multiplier {self.sigma:g}, q = {q:g} "
+                f"and δ = {o.delta:g}, the {o.accountant} accountant gives ε = {reached:.4g} "
+                f"after {rounds} rounds, over the target from round {first}",
+                o.target_epsilon,
+                hint="; give fewer rounds, more noise, or leave noise_multiplier out to "
+                "calibrate it",
+            )
 
     @hookimpl
     def aggregate(self, server: Server, cluster: int, uploads: list[Upload]) -> dict[str, Tensor]:
         """x + mean of the clipped updates + N(0, (σC/K)²) per floating model key."""
-        o, k = self.options, len(uploads)
+        k = len(uploads)
         previous = server.pool[cluster]
         seed = derive(server.recipe.seed, "dp", server.round, cluster)
         generator = torch.Generator().manual_seed(seed)
-        std = o.noise_multiplier * o.clip / k
+        std = self.sigma * self.options.clip / k
         out = {}
         keys = {key for u in uploads for key, v in u.tensors.items() if v.is_floating_point()}
         for key in sorted(keys):
@@ -110,7 +242,27 @@ class DP:
 
     @hookimpl
     def round_end(self, server: Server) -> None:
-        fed = server.recipe.federation
-        q = fed.clients_per_round / server.recipe.data.num_clients
-        eps = accountant_epsilon(self.options.noise_multiplier, q, server.round, self.options.delta)
-        server.log(dp_epsilon=eps, dp_delta=self.options.delta)
+        """ε spent so far: in the metrics row and booked in the ledger."""
+        o, q = self.options, sample_rate(server)
+        eps = accountant_epsilon(self.sigma, q, server.round, o.delta, o.accountant)
+        server.log(dp_epsilon=eps, dp_delta=o.delta, dp_noise_multiplier=self.sigma)
+        server.ledger.spend(
+            server.round,
+            epsilon=eps,
+            delta=o.delta,
+            level="client",
+            accountant=o.accountant,
+            noise_multiplier=self.sigma,
+            sample_rate=q,
+        )
+
+
+def sample_rate(server: Server) -> float:
+    """q: the fraction of clients sampled each round."""
+    return server.recipe.federation.clients_per_round / server.recipe.data.num_clients
+
+
+def option_key(server: Server) -> str:
+    """``plugins.N.dp``: where this plugin's options are in the recipe."""
+    names = [spec.name for spec in server.recipe.plugins]
+    return f"plugins.{names.index('dp')}.dp" if "dp" in names else "plugins.dp"

@@ -296,6 +296,11 @@ COMBOS = {
     "fedbabu": tiny_recipe(plugins=[{"fedbabu": {"finetune_epochs": 1}}], federation=SGD),
     "finetune": supervised_recipe({"finetune": {"epochs": 1}}),
     "dp": supervised_recipe({"dp": {"clip": 1.0, "noise_multiplier": 0.5}}),
+    "dpsgd": tiny_recipe(  # opacus has no per-sample gradients through test_resnet's BatchNorm
+        plugins=["fedavg", {"dpsgd": {"max_grad_norm": 1.0, "noise_multiplier": 0.5}}],
+        backbone={"name": "niid_bench_cnn", "kwargs": {"image_size": 16}},
+        federation=SGD,
+    ),
     "fedopt": supervised_recipe({"fedopt": {"optimizer": "adam"}}),
     "tensorboard": supervised_recipe({"tensorboard": {"logdir": "TMP"}}),
     "mlflow": supervised_recipe({"mlflow": {"tracking_uri": "TMP"}}),

@@ -295,6 +295,9 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     aggregated = time.perf_counter()
     metrics.update(evaluate_round(run, round))
     metrics["bytes"] = server.ledger.totals(round)
+    privacy = server.ledger.spent(round)
+    if privacy:
+        metrics["privacy"] = privacy
     plugins.call("round_logged", server=server, metrics=metrics)
     ended = time.perf_counter()
     run.times = {

@@ -16,6 +16,11 @@ scores. A value's bytes are those of its name plus its compact JSON encoding in 
 transport adds around it. ``total`` is the sum of every field, so it counts everything
 that crossed. A reply the server refused (``fedkit.core.reply_checks``) is not booked:
 the server discarded it, and ``failures.jsonl`` records it instead.
+
+Privacy is booked beside the bytes: a plugin that releases something under differential
+privacy calls ``spend`` with the (ε, δ) spent by the end of a round, cumulative, under a
+level name of its choosing (``client``, ``sample``); the round's metrics row carries the
+entries under ``privacy``, so the run summary's final row has the whole run's.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class Ledger:
         self._model_keys: frozenset[str] = frozenset()
         self._aux_patterns: tuple[str, ...] = ()
         self._categories: dict[str, str] = {}
+        self.privacy: dict[int, dict[str, dict[str, Any]]] = {}
 
     @property
     def model_keys(self) -> frozenset[str]:
@@ -115,9 +121,29 @@ class Ledger:
         )
         row[direction + "_metrics"] += sum(value_bytes(k, v) for k, v in values.items())
 
+    def spend(self, round: int, *, epsilon: float, delta: float, level: str, **about: Any) -> None:
+        """Book the privacy spent by the end of ``round`` at ``level``: (``epsilon``,
+        ``delta``) over every round so far, not this round's share; ``about`` adds JSON
+        values that say how it was counted (the accountant, the noise). Call it from a
+        server hook up to ``round_end``."""
+        if not (isinstance(level, str) and level):
+            raise ValueError(f"privacy level: expected a non-empty name, found {level!r}")
+        if not epsilon >= 0 or not 0 <= delta < 1:
+            raise ValueError(f"privacy spent: expected ε ≥ 0, 0 ≤ δ < 1; found {epsilon}, {delta}")
+        entry = {"epsilon": float(epsilon), "delta": float(delta), **about}
+        self.privacy.setdefault(round, {})[level] = entry
+
+    def spent(self, round: int) -> dict[str, dict[str, Any]]:
+        """The privacy booked for ``round`` by level (handed over once: the metrics row
+        keeps it), dropping any booked for an earlier round."""
+        for r in [r for r in self.privacy if r < round]:
+            del self.privacy[r]
+        return self.privacy.pop(round, {})
+
     def restore(self, flushed: Mapping[str, int]) -> None:
         """Take a checkpoint's totals back (a field an older fedkit did not book is 0)."""
         self.rows.clear()
+        self.privacy.clear()
         self.flushed = {**dict.fromkeys(FIELDS, 0), **flushed}
 
     def totals(self, round: int | None = None) -> dict[str, int]:
