@@ -26,19 +26,14 @@ RECIPES = {
 
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_ray_gives_the_same_metrics_as_sequential(ray_cluster, name):
-    """With the driver at two threads (the default on 2 cores) for fedavg: clients compute
-    at ``engine.num_cpus`` (1) threads sequentially, as Ray's actors do. The other recipes
-    keep the suite's one thread: two-thread OpenMP beside the suite's other processes on
-    2 cores spins for minutes, and one recipe shows the thread handling."""
+    """Clients compute at ``engine.num_cpus`` (1) threads under both executors, and the
+    driver keeps its own count. That the numbers do not depend on the driver's thread
+    count is tests/test_reliability.py's (in one process: a two-thread driver beside the
+    suite's other processes on 2 cores spins for minutes)."""
     before = torch.get_num_threads()
-    driver = 2 if name == "fedavg" else before
-    torch.set_num_threads(driver)
-    try:
-        seq_rows, seq_pool = run_all(RECIPES[name], "sequential")
-        ray_rows, ray_pool = run_all(RECIPES[name], "ray")
-        assert torch.get_num_threads() == driver  # the server's side keeps the process's count
-    finally:
-        torch.set_num_threads(before)
+    seq_rows, seq_pool = run_all(RECIPES[name], "sequential")
+    ray_rows, ray_pool = run_all(RECIPES[name], "ray")
+    assert torch.get_num_threads() == before  # the server's side keeps the process's count
     assert ray_rows == seq_rows
     assert same_pools(ray_pool, seq_pool)
 
