@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import blobs_recipe, make_blobs, ssl_recipe
+from conftest import COMBOS, blobs_recipe, make_blobs, ssl_recipe
 from typer.testing import CliRunner
 
 from fedkit.cli.app import app
@@ -27,7 +27,9 @@ from fedkit.cli.report import (
     confusion,
     curves,
     partition_plot,
+    privacy_levels,
     pyplot,
+    render_html,
     roster_order,
     round_times,
     server_values,
@@ -351,3 +353,63 @@ def test_the_report_shows_server_values_curves_time_and_class_names(tmp_path):
 def test_a_run_directory_records_its_class_names(fedavg_runs: list[Path]) -> None:
     names = json.loads((fedavg_runs[0] / "classes.json").read_text())
     assert names == [str(d) for d in range(10)]  # scikit-learn's digits
+
+
+def _privacy_section(page: str) -> str:
+    """The report page's privacy section, from its heading to the next one."""
+    start = page.index('<h2 id="privacy">')
+    return page[start : page.index("<h2>", start)]
+
+
+def test_the_privacy_panel_reads_booked_levels_and_clients_epsilon_values(tmp_path):
+    """Levels come from the metrics rows' ``privacy`` field and from the clients' values
+    named ``*_epsilon``, whatever plugin booked them; a run that booked none has no panel."""
+    root = tmp_path / "run"
+    root.mkdir()
+    booked = {"epsilon": 0.5, "delta": 1e-05, "accountant": "rdp"}
+    rows = [{"round": 1, "privacy": {"client": booked}},
+            {"round": 2, "privacy": {"client": {**booked, "epsilon": 0.75}}}]  # fmt: skip
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    clients = [
+        {"round": 1, "per_client": {"0": {"x_epsilon": 1.0, "loss": 2.0}, "1": {"x_epsilon": 3.0}}},
+        {"round": 2, "per_client": {"0": {"x_epsilon": 2.0}, "1": {"x_epsilon": None}}},
+    ]
+    (root / "clients.jsonl").write_text("".join(json.dumps(c) + "\n" for c in clients))
+    found = privacy_levels(RunData(root))
+    levels = {k: [(r, b["epsilon"]) for r, b in v] for k, v in found.items()}
+    assert levels == {
+        "client": [(1, 0.5), (2, 0.75)],
+        "sample (per client, max)": [(1, 3.0), (2, 2.0)],  # a missing value is left out
+        "sample (per client, mean)": [(1, 2.0), (2, 2.0)],
+    }
+    section = _privacy_section(render_html(RunData(root), {}))
+    assert "<tr><td>client</td><td>0.7500</td><td>1e-05</td><td>rdp</td></tr>" in section
+    assert "<td>sample (per client, max)</td><td>2.0000</td><td>–</td><td>–</td>" in section
+    (root / "clients.jsonl").unlink()
+    (root / "metrics.jsonl").write_text(json.dumps({"round": 1, "dp_epsilon": 3.0}) + "\n")
+    assert not privacy_levels(RunData(root))  # a number alone is not booked privacy
+    assert 'id="privacy"' not in render_html(RunData(root), {})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("combo", ["dp", "dpsgd"])
+def test_the_privacy_panel_of_a_dp_run_shows_its_final_epsilon(combo: str, tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(COMBOS[combo]))
+    cli_run(path, tmp_path / "run")
+    section = _privacy_section((tmp_path / "run" / "report.html").read_text())
+    assert 'alt="privacy"' in section
+    if combo == "dp":
+        final = logs.read_metrics(tmp_path / "run")[-1]["privacy"]["client"]
+        row = f"<td>client</td><td>{final['epsilon']:.4f}</td><td>{final['delta']}</td>"
+        assert f"{row}<td>{final['accountant']}</td>" in section
+    else:
+        last = logs.read_clients(tmp_path / "run")[-1]["per_client"].values()
+        final = max(v["dpsgd_epsilon"] for v in last)
+        assert f"<td>sample (per client, max)</td><td>{final:.4f}</td>" in section
+
+
+@pytest.mark.slow
+def test_a_run_without_privacy_has_no_privacy_panel(fedavg_runs: list[Path]) -> None:
+    page = (fedavg_runs[0] / "report.html").read_text()
+    assert 'id="privacy"' not in page and 'alt="privacy"' not in page

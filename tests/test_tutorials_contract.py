@@ -5,12 +5,16 @@ what each says the run directory shows."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 from tutorials import TUTORIALS, run_tutorial, with_settings
+from typer.testing import CliRunner
 
+from fedkit.cli.app import app
 from fedkit.rundir.logs import read_ledger, read_metrics
 
 pytestmark = pytest.mark.slow  # executes tutorials end to end
@@ -48,7 +52,6 @@ def final_pool(out: Path) -> dict:
 
 
 def run_page(page: str, tmp_path: Path, monkeypatch) -> Path:
-    pytest.importorskip("opacus") if page == "dp.md" else None
     run_tutorial(TUTORIALS / page, shrunk, tmp_path, monkeypatch)
     return tmp_path / "runs"
 
@@ -109,12 +112,43 @@ def test_fedopt_tutorial(tmp_path, monkeypatch):
         assert [r["round"] for r in read_metrics(runs / name)] == [1, 2]
 
 
+def dp_shrunk(args: list[str]) -> list[str]:
+    """TINY, but the DP-SGD recipe keeps its BatchNorm-free backbone (dpsgd refuses
+    test_resnet's BatchNorm)."""
+    if "dpsgd-digits" not in args:
+        return shrunk(args)
+    return with_settings(args, [s for s in TINY if not s.startswith("backbone.")])
+
+
 def test_dp_tutorial(tmp_path, monkeypatch):
-    runs = run_page("dp.md", tmp_path, monkeypatch)
+    pytest.importorskip("opacus")
+    run_tutorial(TUTORIALS / "dp.md", dp_shrunk, tmp_path, monkeypatch)
+    runs = tmp_path / "runs"
     eps = [row["dp_epsilon"] for row in read_metrics(runs / "dp")]
     assert eps[0] < eps[1]
     assert read_metrics(runs / "dp-1")[-1]["dp_epsilon"] < eps[-1]
     assert "dp_epsilon" not in read_metrics(runs / "no-dp")[-1]
+
+    # the budget: σ calibrated, ε within the target in the row and in the ledger's field
+    last = read_metrics(runs / "dp-budget")[-1]
+    assert 0 < last["dp_noise_multiplier"] and 7.9 < last["dp_epsilon"] <= 8
+    assert last["privacy"]["client"]["epsilon"] == last["dp_epsilon"]
+
+    # the refusal: the page's command, at the recipe's own size, prints the page's line
+    page = (TUTORIALS / "dp.md").read_text()
+    shown = re.search(r"```console\n\$ fedkit (.*)\n(error: .*)\n```", page)
+    assert shown, "dp.md: no ```console block with the refused run"
+    result = CliRunner().invoke(app, shlex.split(shown[1]), terminal_width=1000)
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert said.endswith(shown[2].split("recipes/dp-digits.yaml: ", 1)[1]), said
+    assert not (runs / "dp-over").exists()
+
+    # sample-level DP-SGD: every client's ε in clients.jsonl, within its target
+    rows = [json.loads(line) for line in (runs / "dpsgd" / "clients.jsonl").open()]
+    final = rows[-1]["per_client"]
+    assert len(final) == 3
+    assert all(0 < c["dpsgd_epsilon"] <= 8 for c in final.values())
 
 
 def test_fedema_tutorial(tmp_path, monkeypatch):

@@ -143,7 +143,9 @@ def summary_table(summary: dict[str, Any], out: str) -> Table:
     table.add_row("plugins", ", ".join(summary["plugins"]))
     for key, value in final.items():
         if isinstance(value, float):
-            table.add_row(key, f"{value:.4f}")
+            table.add_row(
+                key, f"{value:.4f}" if value == 0 or abs(value) >= 1e-3 else f"{value:.3g}"
+            )
     for key, value in summary["bytes"].items():
         table.add_row(f"bytes {key}", human_bytes(value))
     return table

@@ -15,7 +15,9 @@ the page opens from disk anywhere. What is plotted depends on what the run logge
   per round, or in a table when it was logged once; curves a plugin logs as a list (a
   server pre-training's loss per epoch);
 * wall time per round (client training, aggregation, evaluation), from ``times.jsonl``;
-* the partition: each client's training images per class, by class name.
+* the partition: each client's training images per class, by class name;
+* privacy, when the run booked any: ε per round per level (metrics rows' ``privacy``,
+  clients' ``*_epsilon`` values) and each level's final ε, δ and accountant.
 
 Needs matplotlib (the ``report`` extra); the page carries a small script that records
 whether every image loaded and any error, which a headless browser can read back.
@@ -27,6 +29,7 @@ import base64
 import html
 import json
 import math
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -444,6 +447,51 @@ def partition_plot(plt: Any, data: RunData) -> Any:
     return fig
 
 
+EPSILON = "_epsilon"
+"""A value a client reports under a name ending in this (through ``ctx.log``) is read as
+that client's sample-level ε (docs/plugins.md, "Privacy accounting")."""
+
+
+def privacy_levels(data: RunData) -> dict[str, list[tuple[int, dict[str, Any]]]]:
+    """What the run booked as privacy, by level: each round's entry of the metrics rows'
+    ``privacy`` field, and the max and mean over clients of every ``*_epsilon`` value they
+    report (one level per statistic, and per name when there are several)."""
+    found: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for row in data.rows:
+        for level, booked in (row.get("privacy") or {}).items():
+            if isinstance(booked, dict) and _number(booked.get("epsilon")):
+                found.setdefault(str(level), []).append((row["round"], booked))
+    names = {
+        k for c in data.clients for v in c.get("per_client", {}).values() for k in v
+        if k.endswith(EPSILON)
+    }  # fmt: skip
+    for name in sorted(names):
+        what = "" if len(names) == 1 else f" {name}"
+        for row in data.clients:
+            eps = [float(v[name]) for v in row.get("per_client", {}).values()
+                   if _number(v.get(name))]  # fmt: skip
+            for stat, value in (("max", max), ("mean", statistics.fmean)):
+                if eps:
+                    level = f"sample{what} (per client, {stat})"
+                    found.setdefault(level, []).append((row["round"], {"epsilon": value(eps)}))
+    return found
+
+
+def privacy_plot(plt: Any, data: RunData) -> Any:
+    levels = privacy_levels(data)
+    if not levels:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for level, pairs in levels.items():
+        style = "--" if level.endswith("mean)") else "-"
+        ax.plot([r for r, _ in pairs], [b["epsilon"] for _, b in pairs], style, marker="o",
+                markersize=3, label=level)  # fmt: skip
+    ax.set(xlabel="round", ylabel="ε", title="Privacy spent so far, by level")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
 PLOTS = {
     "accuracy": accuracy_plot,
     "loss": loss_plot,
@@ -456,6 +504,7 @@ PLOTS = {
     "curves": curves_plot,
     "time": time_plot,
     "partition": partition_plot,
+    "privacy": privacy_plot,
 }
 CAPTIONS = {
     "accuracy": "The global model's scores and the mean of the clients' personal scores, "
@@ -476,6 +525,9 @@ CAPTIONS = {
     "time": "Wall time of each round: waiting for the clients, aggregating, evaluating "
     "(from times.jsonl; a round run twice shows its last run).",
     "partition": "How many training images each client holds of each class.",
+    "privacy": "The (ε, δ) spent by the end of each round over every round so far, per level "
+    "the run booked (metrics.jsonl's privacy field), and the clients' own sample-level ε "
+    "(values named *_epsilon): their max (solid) and mean (dashed) over the round's clients.",
 }
 
 
@@ -555,6 +607,24 @@ def once_html(data: RunData) -> str:
     return f"<h2>Logged once</h2>{_table(once)}" if once else ""
 
 
+def privacy_html(data: RunData, png: bytes | None) -> str:
+    """The privacy section (only when the run booked privacy): the plot and, per level,
+    the final ε, δ and accountant."""
+    levels = privacy_levels(data)
+    if not levels:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(level)}</td><td>{_fmt(float(b['epsilon']))}</td>"
+        f"<td>{html.escape(str(b.get('delta', '–')))}</td>"
+        f"<td>{html.escape(str(b.get('accountant', '–')))}</td></tr>"
+        for level, pairs in levels.items()
+        for b in [pairs[-1][1]]
+    )
+    head = "<tr><th>level</th><th>final ε</th><th>δ</th><th>accountant</th></tr>"
+    shown = figure("privacy", png, CAPTIONS["privacy"]) if png else ""
+    return f'<h2 id="privacy">Privacy</h2>{shown}<table>{head}{rows}</table>'
+
+
 def page(title: str, body: str) -> str:
     """A self-contained HTML page that records, for a headless browser, how many of its
     images loaded (``body[data-images]``) and how many errors it saw (``data-errors``)."""
@@ -582,7 +652,9 @@ def render_html(data: RunData, images: dict[str, bytes]) -> str:
     if totals:
         moved = [(k, f"{v / 2**20:.1f} MB") for k, v in totals.items()]
         sections.append(f"<h2>Bytes moved</h2>{_table(moved)}")
-    sections += [figure(name, png, CAPTIONS.get(name, "")) for name, png in images.items()]
+    shown = {k: v for k, v in images.items() if k != "privacy"}  # in its own section
+    sections += [figure(name, png, CAPTIONS.get(name, "")) for name, png in shown.items()]
+    sections.append(privacy_html(data, images.get("privacy")))
     sections.append(once_html(data))
     sections.append(partition_html(data))
     if data.evaluations:
