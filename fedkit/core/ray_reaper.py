@@ -9,11 +9,13 @@ so that a Ctrl-C or a scheduler's signal to the run's process group does not rea
 notes the Ray processes among the driver's descendants every half second and waits on a
 pipe the driver holds; when the pipe closes (the executor's ``close``, or the kernel
 closing it as the driver dies, however it dies) it ends every noted process still
-running, every Ray process these started since its last look (a worker a raylet
-spawned in the last half second), and every Ray process whose command line names the
-cluster's session (such a worker whose raylet died first no longer descends from the
-driver): SIGTERM, then SIGKILL after three seconds. It only ever signals Ray processes
-of the driver's own cluster, and psutil's checks keep a reused pid safe.
+running, every Ray process whose command line names the cluster's session (such a
+worker whose raylet died first no longer descends from the driver), and every
+descendant of these, whatever its command line (a worker a raylet spawned in the last
+half second may still be inside exec, with an empty one). It stops them all with
+SIGSTOP first, looking again until no new descendant appears, so that none can start
+another meanwhile; then SIGTERM, and SIGKILL after three seconds. It only ever signals
+processes of the driver's own Ray cluster, and psutil's checks keep a reused pid safe.
 
 Another Ray on the machine (a cluster someone started with ``ray start``) is never
 touched: the run watched starts a Ray instance of its own (the reaper runs only then),
@@ -99,13 +101,36 @@ def main(argv: list[str]) -> None:
         ready, _, _ = select.select([sys.stdin], [], [], POLL_S)
         if ready and not os.read(sys.stdin.fileno(), 4096):
             break
-    for process in list(noted.values()):  # started since the last look: a raylet's new worker
-        _note_ray(psutil, _descendants(psutil, process), checked, noted, sessions)
     _note_ray(psutil, _of_sessions(psutil, sessions, driver.create_time()), checked, noted)
+    _end(psutil, _freeze(psutil, list(noted.values())))
+
+
+def _freeze(psutil: Any, processes: list[Any]) -> list[Any]:
+    """SIGSTOP ``processes`` and all their descendants, found again until no new one
+    appears: a stopped process cannot start another, and every child it has is found
+    whatever its command line shows (a worker caught mid-exec reads an empty one)."""
+    stopped: dict[int, Any] = {}
+    todo = processes
+    while todo:
+        for process in todo:
+            try:
+                process.suspend()
+                stopped[process.pid] = process
+            except psutil.Error:
+                continue
+        found = [child for process in todo for child in _descendants(psutil, process)]
+        todo = [child for child in found if child.pid not in stopped]
+    return list(stopped.values())
+
+
+def _end(psutil: Any, processes: list[Any]) -> None:
+    """SIGTERM then SIGCONT each of ``processes`` (stopped), and SIGKILL those still
+    running ``GRACE_S`` later."""
     alive = []
-    for process in noted.values():
+    for process in processes:
         try:
             process.terminate()
+            process.resume()
             alive.append(process)
         except psutil.Error:
             continue
