@@ -16,7 +16,10 @@ end (and with ``--table`` alone) it prints the measured table beside Flower's ba
 (adap/flower, baselines/niid_bench, seed 42) and the paper's Table III.
 
 A cell takes about 30 minutes on 2 cores of this machine (36 s a round); with
-``--parallel 2`` two cells run at once with one thread each.
+``--parallel 2`` two cells run at once. Every cell runs at its recipe's thread count
+(``engine.num_cpus``, which fedkit already gives each client's work; the server's
+evaluation and aggregation get the same), whatever ``--parallel`` is, and its row records
+it (``threads``), so a row is reproduced at any ``--parallel``.
 """
 
 from __future__ import annotations
@@ -165,6 +168,14 @@ def cell_out(method: str, partition: str, seed: int, args: argparse.Namespace) -
     raise SystemExit(f"{base}: every run directory holds an older set-up; move one away")
 
 
+def recipe_threads(method: str) -> int:
+    """torch's threads for a cell of ``method``: its recipe's ``engine.num_cpus``."""
+    from fedkit.config.schema import load_recipe
+    from fedkit.config.shipped import resolve
+
+    return max(1, int(load_recipe(resolve(f"niid-fmnist-{method}")).engine.num_cpus))
+
+
 def cell_command(method: str, partition: str, seed: int, args: argparse.Namespace) -> list[str]:
     fedkit = str(Path(sys.executable).with_name("fedkit"))
     out = cell_out(method, partition, seed, args)
@@ -217,17 +228,21 @@ def run_cells(
     row_of: Callable[[tuple[str, str, int]], dict],
     stopped: Callable[[tuple[str, str, int]], dict | None] = lambda cell: None,
     appended: Callable[[], object] = lambda: None,
+    threads: Callable[[tuple[str, str, int]], int] | None = None,
 ) -> None:
-    """Run the cells, ``args.parallel`` at a time with the threads split between them,
-    appending ``row_of(cell)`` for each finished one, and ``stopped(cell)`` for one that
-    stopped for good (it diverged), then calling ``appended()``; any other failed cell is
-    left to resume."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.parallel))}
+    """Run the cells, ``args.parallel`` at a time, each at ``threads(cell)`` threads (by
+    default the machine's split between the cells that run at once), appending
+    ``row_of(cell)`` for each finished one, and ``stopped(cell)`` for one that stopped for
+    good (it diverged), then calling ``appended()``; any other failed cell is left to
+    resume."""
+    split = max(1, (os.cpu_count() or 2) // args.parallel)
     pending, running = list(cells), {}
     while pending or running:
         while pending and len(running) < args.parallel:
             cell = pending.pop(0)
-            print(f"start {cell}", flush=True)
+            count = str(threads(cell) if threads is not None else split)
+            env = {**os.environ, "OMP_NUM_THREADS": count, "MKL_NUM_THREADS": count}
+            print(f"start {cell} at {count} threads", flush=True)
             running[cell] = subprocess.Popen(command(*cell, args), env=env)
         time.sleep(2)
         for cell, process in list(running.items()):
@@ -285,7 +300,8 @@ def niid_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict:
     out = cell_out(*cell, args)
     accuracy, seconds = final_accuracy(out)
     row = {"method": method, "partition": partition, "seed": seed, "accuracy": accuracy}
-    return {**row, **provenance(out), "rounds": args.rounds or 50, "seconds": seconds}
+    row |= {**provenance(out), "rounds": args.rounds or 50, "threads": recipe_threads(method)}
+    return {**row, "seconds": seconds}
 
 
 def diverged_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict | None:
@@ -295,8 +311,8 @@ def diverged_row(cell: tuple[str, str, int], args: argparse.Namespace) -> dict |
     found = diverged(out)
     if found is None:
         return None
-    row = {"method": method, "partition": partition, "seed": seed}
-    return {**row, **found, **provenance(out), "rounds": args.rounds or 50}
+    row = {"method": method, "partition": partition, "seed": seed, **found, **provenance(out)}
+    return {**row, "rounds": args.rounds or 50, "threads": recipe_threads(method)}
 
 
 def table(rows: list[dict]) -> str:
@@ -370,6 +386,7 @@ def main() -> None:
             lambda cell: niid_row(cell, args),
             lambda cell: diverged_row(cell, args),
             lambda: supersede(args.results),
+            lambda cell: recipe_threads(cell[0]),
         )
     print(table(read_rows(args.results)))
 

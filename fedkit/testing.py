@@ -23,10 +23,9 @@ import torch
 
 from fedkit.config.schema import validate
 from fedkit.core.preflight import check
-from fedkit.core.runs import Loaded, RunResult, run
+from fedkit.core.runs import Loaded, RunResult, run, with_plugins  # noqa: F401 - tests use Loaded
 from fedkit.plugin.ledger import METRIC_FIELDS
 from fedkit.plugin.manager import Plugins
-from fedkit.plugin.registry import discover
 
 TINY: dict[str, Any] = {
     "seed": 0,
@@ -66,8 +65,7 @@ def tiny_recipe(**sections: Any) -> dict[str, Any]:
 def activate(raw: dict[str, Any], plugins: dict[str, Any] | None = None) -> Plugins:
     """A recipe's server-side plugins (checked as ``fedkit run`` checks them), with
     ``plugins`` (name → class or object) added to the installed ones."""
-    extra = {name: Loaded(obj) for name, obj in (plugins or {}).items()}
-    return check(validate(raw), {**discover(), **extra})
+    return check(validate(raw), with_plugins(plugins or {}))
 
 
 def run_recipe(

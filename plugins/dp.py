@@ -125,6 +125,14 @@ def first_round_over(
     return high
 
 
+def client_update(upload: Upload, key: str, x: Tensor) -> Tensor:
+    """A client's clipped update of ``key``: its ``delta`` when asynchronous aggregation
+    gives one (from the version it started from), else its upload minus ``x``."""
+    if upload.delta is not None and key in upload.delta:
+        return upload.delta[key].double()
+    return upload.tensors[key].double() - x
+
+
 def clipped(update: dict[str, Tensor], clip: float) -> tuple[dict[str, Tensor], float]:
     """The update scaled to L2 norm at most ``clip`` (over all its tensors), and its norm."""
     norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in update.values()))
@@ -134,6 +142,10 @@ def clipped(update: dict[str, Tensor], clip: float) -> tuple[dict[str, Tensor], 
 
 class DP:
     """DP-FedAvg: clip each client's update to C, Gaussian noise σ·C/K on the mean."""
+
+    secure_aggregation = "unweighted"
+    """``aggregate`` reads only the unweighted mean of the clipped uploads (and K), so it
+    runs under secure aggregation with every client weighted alike."""
 
     class Options(PluginOptions):
         clip: float = Field(1.0, gt=0)
@@ -235,7 +247,7 @@ class DP:
         keys = {key for u in uploads for key, v in u.tensors.items() if v.is_floating_point()}
         for key in sorted(keys):
             x = previous[key].double()
-            mean = sum(u.tensors[key].double() - x for u in uploads) / k
+            mean = sum(client_update(u, key, x) for u in uploads) / k
             noise = torch.randn(x.shape, generator=generator, dtype=torch.float64) * std
             out[key] = (x + mean + noise).to(previous[key].dtype)
         return out

@@ -31,6 +31,9 @@ class Classifier:
 class FedAvg(Classifier):
     """Supervised FedAvg (McMahan et al., 2017): cross-entropy locally, weighted mean."""
 
+    secure_aggregation = "weighted"
+    """The aggregate is the core's sample-weighted mean: it runs under secure aggregation."""
+
     @hookimpl
     def local_objective(self, ctx: ClientContext, model: nn.ModuleDict) -> Objective:
         return supervised_objective(ctx, model)

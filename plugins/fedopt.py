@@ -27,6 +27,9 @@ from fedkit import PluginOptions, Server, hookimpl
 class FedOpt:
     """FedOpt: FedAvgM, FedAdam or FedYogi on the server's aggregated update."""
 
+    secure_aggregation = "weighted"
+    """``server_update`` reads only the aggregated state: it runs under secure aggregation."""
+
     class Options(PluginOptions):
         optimizer: Literal["avgm", "adam", "yogi"] = "adam"
         lr: float | None = Field(None, gt=0)

@@ -1,23 +1,29 @@
 """MLflow: every number of each round's metrics row as an MLflow metric, the recipe as
 parameters.
 
-An observer, like ``tensorboard``: it implements only ``configure`` (is MLflow
-installed?) and ``round_logged``, and changes nothing about the run. Each fedkit run is
-one MLflow run, created at the first round; its id is kept in ``server.state``, so a
-resumed fedkit run goes on logging into the same MLflow run. Rounds are MLflow steps;
-nested values are flattened (``bytes/up_model``). The default store is a local SQLite
-file (``sqlite:///mlflow.db`` in the working directory: offline, one file, what
-``mlflow ui --backend-store-uri sqlite:///mlflow.db`` reads); any tracking URI works
-(``http://host:5000`` for a shared server). Needs the ``mlflow`` extra.
+An observer, like ``tensorboard``: it implements only ``configure`` and
+``round_logged``, and changes nothing about the run. Each fedkit run is one MLflow run,
+created in ``configure``; its id is kept in ``server.state``, so a resumed fedkit run
+goes on logging into the same MLflow run. Creating it (or, on resume, marking it running
+again) is the first write to the tracking store, so a store this process cannot write
+(a read-only disk, a path under a file, MLflow 3's folder store, which refuses writes)
+stops the run before round 1 with one ``RecipeError`` naming the tracking URI, never
+after the run's own files were written. Rounds are MLflow steps; nested values are
+flattened (``bytes/up_model``). The default store is a local SQLite file
+(``sqlite:///mlflow.db`` in the working directory: offline, one file, what
+``mlflow ui --backend-store-uri sqlite:///mlflow.db`` reads); ``http://host:5000`` is a
+shared server. Needs the ``mlflow`` extra.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from fedkit import PluginOptions, RecipeError, Server, hookimpl
-from fedkit_plugins.tensorboard import scalars
+from fedkit_plugins.tensorboard import cause, option_key, scalars
 
 STATE = "mlflow"
 """Where the MLflow run's id is kept in ``server.state`` (checkpointed)."""
@@ -33,6 +39,30 @@ def parameters(value: Any, prefix: str = "") -> dict[str, str]:
     return {prefix[:-1]: str(value)[:500]}  # MLflow keeps at most 500 characters
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file an ``sqlite:///`` URI names (relative: to the working
+    directory), or ``None`` for another store or an in-memory database."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///") :].split("?")[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def probe(file: Path | None) -> None:
+    """``OSError`` unless this process can write ``file`` (or create it in its folder)."""
+    if file is None:
+        return
+    try:
+        if file.exists():
+            with file.open("r+b"):
+                return
+        with tempfile.TemporaryFile(dir=file.parent):
+            return
+    except OSError as exc:
+        where = file if file.exists() else file.parent
+        raise OSError(exc.errno, f"cannot write there ({exc.strerror})", str(where)) from None
+
+
 class MLflow:
     """MLflow: logs every number of each round's metrics row (an observer)."""
 
@@ -44,22 +74,43 @@ class MLflow:
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.client: Any = None  # server side only: opened at the first round
+        self.client: Any = None  # server side only: opened in configure
 
     @hookimpl
     def configure(self, server: Server) -> None:
         try:
-            import mlflow  # noqa: F401
+            from mlflow.tracking import MlflowClient
         except ImportError:
             raise RecipeError(
                 "plugins", "the mlflow extra installed (pip install 'fedkit-fl[mlflow]')"
             ) from None
+        uri = self.options.tracking_uri
+        try:
+            probe(sqlite_file(uri))  # at once: MLflow retries an unopenable file for minutes
+            self.client = MlflowClient(tracking_uri=uri)
+            kept = server.state.get(STATE)
+            if kept is None:
+                server.state[STATE] = {"run_id": self._new_run(server)}
+            else:  # resumed: the run goes on (a write, so an unwritable store shows here)
+                self.client.update_run(kept["run_id"], status="RUNNING")
+        except Exception as exc:  # noqa: BLE001 - any failure of the store: one clear line
+            where = ""
+            if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+                where = f", a path relative to the working directory {Path.cwd()}"
+            raise RecipeError(
+                option_key(server, "mlflow", "tracking_uri"),
+                "an MLflow tracking store this process can write: sqlite:///FILE.db in a "
+                "writable folder, or a tracking server's http://HOST:PORT (MLflow 3 refuses "
+                "writes to its file:// folder store)",
+                uri,
+                hint=f" ({cause(exc)}{where})",
+            ) from None
 
-    def _run_id(self, server: Server) -> str:
-        """The MLflow run of this fedkit run (created once, then kept in the checkpoints)."""
-        kept = server.state.get(STATE)
-        if kept is not None:
-            return kept["run_id"]
+    def _new_run(self, server: Server) -> str:
+        """Create this fedkit run's MLflow run (its experiment if new) with the recipe as
+        parameters; its id."""
+        from mlflow.entities import Param
+
         experiment = self.client.get_experiment_by_name(self.options.experiment)
         experiment_id = (
             experiment.experiment_id
@@ -68,22 +119,16 @@ class MLflow:
         )
         run = self.client.create_run(experiment_id, run_name=self.options.run_name)
         recipe = parameters(server.recipe.model_dump(mode="json"))
-        from mlflow.entities import Param
-
         items = [Param(k, v) for k, v in recipe.items()]
         for start in range(0, len(items), 100):  # MLflow takes at most 100 per batch
             self.client.log_batch(run.info.run_id, params=items[start : start + 100])
-        server.state[STATE] = {"run_id": run.info.run_id}
         return run.info.run_id
 
     @hookimpl
     def round_logged(self, server: Server, metrics: dict[str, Any]) -> None:
         from mlflow.entities import Metric
-        from mlflow.tracking import MlflowClient
 
-        if self.client is None:
-            self.client = MlflowClient(tracking_uri=self.options.tracking_uri)
-        run_id = self._run_id(server)
+        run_id = server.state[STATE]["run_id"]
         row = {k: v for k, v in metrics.items() if k not in ("round", "clients", "clusters")}
         if not self.options.per_client:
             row.pop("per_client", None)

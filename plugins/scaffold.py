@@ -37,6 +37,10 @@ OWN = "c."
 class Scaffold:
     """SCAFFOLD: control variates correct each local step for client drift."""
 
+    secure_aggregation = "weighted"
+    """``aggregate`` reads the weighted mean of the Δc_i and how many clients sent one:
+    it runs under secure aggregation."""
+
     # ---------------------------------------------------------------- server side
 
     @hookimpl

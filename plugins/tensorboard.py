@@ -1,7 +1,9 @@
 """TensorBoard: every number of each round's metrics row as a TensorBoard scalar.
 
-An observer: it implements only ``round_logged``, which the server calls with the
-complete row after evaluation, and changes nothing about the run. Nested values are
+An observer: it implements only ``configure`` and ``round_logged``, which the server
+calls with the complete row after evaluation, and changes nothing about the run. ``configure``
+makes ``logdir`` and writes a probe file there, so a folder this process cannot write
+stops the run before round 1 with one ``RecipeError`` naming it. Nested values are
 flattened (``bytes/up_model``); per-client values go under ``clients/<name>/<client>``.
 List it next to any method (``plugins: [fedavg, {tensorboard: {logdir: tb/qs}}]``) and
 run ``tensorboard --logdir tb``. Needs the ``tensorboard`` extra.
@@ -9,6 +11,8 @@ run ``tensorboard --logdir tb``. Needs the ``tensorboard`` extra.
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from fedkit import PluginOptions, RecipeError, Server, hookimpl
@@ -26,6 +30,22 @@ def scalars(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
         elif isinstance(value, dict):
             out.update(scalars(value, f"{tag}/"))
     return out
+
+
+def option_key(server: Server, plugin: str, option: str) -> str:
+    """The recipe key of a plugin's option (``plugins.1.options.logdir``), for errors."""
+    for index, spec in enumerate(server.recipe.plugins):
+        if spec.name == plugin:
+            return f"plugins.{index}.options.{option}"
+    return f"{plugin}.{option}"
+
+
+def cause(exc: BaseException) -> str:
+    """An exception in one short line: its type and the first sentence of its text."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    if len(text) > 160:
+        text = text.split(". ")[0][:160]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class TensorBoard:
@@ -46,6 +66,18 @@ class TensorBoard:
         except ImportError:
             raise RecipeError(
                 "plugins", "the tensorboard extra installed (pip install 'fedkit-fl[tensorboard]')"
+            ) from None
+        try:  # TensorBoard's writer fails in a thread of its own: write a probe here
+            folder = Path(self.options.logdir)
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise RecipeError(
+                option_key(server, "tensorboard", "logdir"),
+                "a folder this process can write",
+                self.options.logdir,
+                hint=f" ({cause(exc)})",
             ) from None
 
     @hookimpl

@@ -5,7 +5,8 @@ Every helper more than one test file uses lives here (test files import it with 
 conftest import ...``); a test file never imports another test file
 (tests/test_test_layout.py). Sections: session set-up, fixtures, preparing runs in
 process, spying on them, recipes, running rounds and comparing states, processes (the
-fedkit CLI, a Flower deployment, Ray look-alikes), a Flower node without a SuperLink."""
+fedkit CLI, a Flower deployment, Ray look-alikes), a Flower node without a SuperLink, a
+SuperLink and its nodes in one process."""
 
 from __future__ import annotations
 
@@ -302,6 +303,7 @@ COMBOS = {
         federation=SGD,
     ),
     "fedopt": supervised_recipe({"fedopt": {"optimizer": "adam"}}),
+    "backdoor": supervised_recipe({"backdoor": {"fraction": 0.34, "seed": 1}}),
     "tensorboard": supervised_recipe({"tensorboard": {"logdir": "TMP"}}),
     "mlflow": supervised_recipe({"mlflow": {"tracking_uri": "TMP"}}),
     "fedbyol+dapu": ssl_recipe("fedbyol", ("dapu", {"mu": 0.05})),
@@ -724,3 +726,70 @@ def setup_message(run, token: str):
     from fedkit.flower.flower_executor import setup_content
 
     return setup_content(run.executor.setup, run.executor, None, token)
+
+
+# A SuperLink and its nodes in one process (the flower extra) ------------------------------
+
+
+class NodeGrid:
+    """Flower's grid without Flower's runtime: node ``100 + p`` holds client ``p`` and
+    answers a message when it is pulled, as a node of Flower's simulation answers it (one
+    ``NodeHost`` for every node, each node's own ``Context.state``, SecAgg+'s stages
+    first: ``fedkit.flower.runner.answer``). Each message is copied on push, as Flower
+    serialises it (SecAgg+'s workflow hands every node one content object, which Flower's
+    client mod edits)."""
+
+    def __init__(self, partitions: int) -> None:
+        from flwr.app import RecordDict
+
+        from fedkit.flower.node import NodeHost
+
+        self.queue: dict[str, Any] = {}
+        self.host = NodeHost()
+        self.states = {100 + p: RecordDict() for p in range(partitions)}
+
+    def get_node_ids(self) -> list[int]:
+        return sorted(self.states)
+
+    def push_messages(self, messages: list) -> list[str]:
+        import copy
+        import uuid
+
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            self.queue[m.metadata.message_id] = copy.deepcopy(m)
+        return [m.metadata.message_id for m in messages]
+
+    def pull_messages(self, ids: list[str]) -> list:
+        from fedkit.flower.runner import answer
+
+        replies = []
+        for mid in [i for i in ids if i in self.queue]:
+            m = self.queue.pop(mid)
+            node = m.metadata.dst_node_id
+            replies.append(answer(self.host, m, self.states[node], node - 100))
+        return replies
+
+
+def flower_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs with ``engine.executor: flower`` (``fedkit run`` too) reach a ``NodeGrid``
+    instead of starting Flower's simulation runtime (Ray), and the messages made here are
+    the ServerApp's (Flower's task identity): the same nodes and messages, without Ray's
+    start-up."""
+    import logging
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 7), ("_node_id", 1), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+    monkeypatch.setattr(logging.getLogger("flwr"), "level", logging.ERROR)  # as the simulation
+
+    class Link:
+        remote = False
+
+        def __init__(self, nodes: int, engine: Any) -> None:
+            self.grid = NodeGrid(nodes)
+
+        def close(self) -> None: ...
+
+    monkeypatch.setattr("fedkit.flower.flower_executor.SimulationLink", Link)

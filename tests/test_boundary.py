@@ -159,4 +159,4 @@ def test_the_server_offers_no_client_data(walked):
 
 def test_hook_sides_split_the_hooks():
     sides = {hook_side(h) for h in hook_names()}
-    assert sides == {"registry", "server", "client"}
+    assert sides == {"registry", "server", "client", "simulation"}

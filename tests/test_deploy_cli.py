@@ -300,9 +300,12 @@ def test_an_interrupted_deploy_run_says_the_run_goes_on_and_how_to_stop_it(
 def test_status_log_and_stop_call_flowers_commands_with_the_generated_connection(
     flwr, tmp_path, monkeypatch
 ):
+    pytest.importorskip("cryptography")
+    from fedkit.flower.certificates import make_certificates
+
     monkeypatch.chdir(tmp_path)
     ca = tmp_path / "ca.crt"
-    ca.write_text("a CA")
+    ca.write_bytes(make_certificates(tmp_path / "tls", ["10.0.0.5"])["ca.crt"].read_bytes())
     tls = ["--superlink", "10.0.0.5:9092", "--root-certificates", "ca.crt"]
     calls = flwr({
         "ls": {"lines": ["Run 7 finished:completed"]},
@@ -353,6 +356,71 @@ def test_keygen_makes_the_keys_folder_and_names_a_folder_it_cannot_make(tmp_path
     refused = CliRunner().invoke(deploy.app, ["keygen", "taken/0.key"])
     assert refused.exit_code == 2 and "Traceback" not in refused.output
     assert "cannot make the folder taken" in " ".join(refused.output.split())
+
+
+def test_every_bad_file_is_one_line_naming_the_flag_and_the_file_and_exit_2(tmp_path, monkeypatch):
+    """A CA file without a certificate (Flower's TLS raised ssl.SSLError), keys on a disk
+    no file can be made on (as root, /proc and a path under a file stand in for a
+    read-only disk), an app or certificate folder that is a file: one line, exit 2."""
+    pytest.importorskip("flwr")
+    monkeypatch.chdir(tmp_path)
+    Path("a-file").write_text("a file, not a folder")
+    Path("ca.crt").write_text("not a certificate\n")
+    Path("cut.crt").write_text("-----BEGIN CERTIFICATE-----\nabc\n-----END CERTIFICATE-----\n")
+    Path("bad.key").write_text("not a key\n")
+    node = ["node", "--superlink", ADDRESS, "--partition", "0", "--dir", "site"]
+    cases = {
+        (*node, "--root-certificates", "ca.crt"): "--root-certificates ca.crt: holds no PEM",
+        (*node, "--root-certificates", "cut.crt"): "--root-certificates cut.crt: holds a PEM",
+        (*node, "--root-certificates", "none.crt"): "--root-certificates none.crt: No such file",
+        (*node, "--insecure", "--auth-key", "bad.key"): "--auth-key bad.key: not an OpenSSH",
+        (*node[:-1], "a-file/site", "--insecure"): "--dir a-file/site: cannot make this folder",
+        ("status", "--superlink", ADDRESS, "--root-certificates", "ca.crt"): (
+            "--root-certificates ca.crt: holds no PEM"
+        ),
+        ("keygen", "/proc/node.key"): "KEY /proc/node.key: cannot write in the folder /proc",
+        ("keygen", "a-file/node.key"): "KEY a-file/node.key: cannot make the folder a-file",
+        ("app", "a-file"): "DIR a-file: is a file; expected a folder",
+        ("app", "/proc/app"): "DIR /proc/app: cannot write the app there",
+        ("certs", "a-file", "--name", "127.0.0.1"): "DIR a-file: is a file",
+        ("register", "none.pub", *CONNECT): "KEYS none.pub is not a file",
+        ("run", "none.yaml", "--out", "x", *CONNECT): "RECIPE (file): expected a recipe file",
+    }
+    for args, said in cases.items():
+        done = CliRunner().invoke(deploy.app, list(args))
+        assert done.exit_code == 2, (args, done.output)
+        assert done.output.strip().splitlines() == [done.output.strip()], (args, done.output)
+        assert done.output.startswith(f"fedkit: {said}"), (args, done.output)
+    assert not Path("site").exists()  # refused before the node made its folder
+
+
+def test_a_node_that_never_reaches_its_superlink_names_it_and_exits_2(monkeypatch, tmp_path):
+    """Nothing answers at --superlink: the node says where it is joining and for how long
+    it tries (--reconnect), then stops with one line naming the address, exit 2 (its
+    flags are the likely fault). A node that had joined and lost its SuperLink exits 1."""
+    pytest.importorskip("flwr")
+    import httpx
+
+    from fedkit.flower import runner
+
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # the command's SIGTERM handler
+
+    def serve(superlink, partition, folder, *, reconnect, connected, **kwargs):
+        if joined_before:
+            connected(5)
+        trouble = runner.Trouble(superlink, reconnect, insecure=True, keyed=False)
+        trouble.handle(httpx.ConnectError("[Errno 111] Connection refused"))
+
+    monkeypatch.setattr(runner, "serve", serve)
+    args = ["node", "--superlink", ADDRESS, "--partition", "0", "--insecure", "--reconnect", "0"]
+    for joined_before, code in ((False, 2), (True, 1)):  # noqa: B007 - serve reads it
+        done = CliRunner().invoke(deploy.app, [*args, "--dir", str(tmp_path / "n")])
+        assert done.exit_code == code, done.output
+        lines = done.output.strip().splitlines()
+        assert lines[0].startswith(f"joining the SuperLink at {ADDRESS}; without an answer")
+        assert "stops after 0 s of retrying (--reconnect)" in lines[0]
+        assert lines[-1].startswith(f"the node stopped: the SuperLink at {ADDRESS} did not answer")
+        assert lines[-1].endswith("(--reconnect sets how long it tries)")
 
 
 def test_superlink_starts_flower_with_fedkits_flags_and_its_bin_on_path(tmp_path, monkeypatch):

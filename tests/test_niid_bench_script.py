@@ -113,3 +113,40 @@ def test_a_rerun_on_a_newer_set_up_moves_the_older_rows_aside(niid_bench, tmp_pa
     assert niid_bench.read_rows(results) == [untouched, flowers]
     kept = niid_bench.read_rows(niid_bench.superseded_path(results))
     assert kept == [standardised, own_draw]
+
+
+def test_a_cell_runs_at_its_recipes_thread_count_whatever_parallel_is(
+    niid_bench, tmp_path, monkeypatch
+):
+    """Every cell at the recipe's ``engine.num_cpus`` (issue 54: the harness split the
+    cores by --parallel, so a row depended on how many cells ran beside it), recorded in
+    its row. Popen is a stand-in: nothing starts."""
+    started = []
+
+    class Finished:
+        returncode = 0
+
+        def __init__(self, command, env):
+            started.append((command[0], env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]))
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(niid_bench.subprocess, "Popen", Finished)
+    monkeypatch.setattr(niid_bench.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(niid_bench.os, "cpu_count", lambda: 8)
+    cells = [(m, "iid", 42) for m in niid_bench.METHODS]
+    for parallel in (1, 2, 4):
+        args = argparse.Namespace(parallel=parallel, results=tmp_path / f"r{parallel}.jsonl")
+        niid_bench.run_cells(
+            cells, args, lambda m, p, s, a: [m], lambda cell: {"cell": cell}, threads=lambda c: 1
+        )
+    assert sorted(set(started)) == sorted((m, "1", "1") for m in niid_bench.METHODS)
+    assert len(started) == 3 * len(cells)
+    assert {niid_bench.recipe_threads(m) for m in niid_bench.METHODS} == {1}  # the recipes'
+    out = tmp_path / "fedavg-iid-s42"
+    write_run(out, standardize=False)
+    (out / "summary.json").write_text('{"final": {"test_accuracy": 0.5}, "seconds": 3.0}')
+    args = argparse.Namespace(out=tmp_path, root=Path("data"), rounds=None)
+    row = niid_bench.niid_row(("fedavg", "iid", 42), args)
+    assert row["threads"] == 1 and row["accuracy"] == 50.0

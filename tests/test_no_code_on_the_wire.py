@@ -38,6 +38,7 @@ MESSAGE_PATH = [
     "fedkit/flower/serverapp.py",
     "fedkit/flower/server_root.py",
     "fedkit/flower/flower_executor.py",
+    "fedkit/flower/secagg.py",
     "fedkit/core/setup_data.py",
     "fedkit/core/messages.py",
     "fedkit/rundir/store.py",

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from conftest import tiny_recipe
+from conftest import install_plugins, tiny_recipe
 from typer.testing import CliRunner
 
 from fedkit.cli.app import app
-from fedkit.config.schema import apply_overrides, load_recipe
+from fedkit.config.schema import apply_overrides, load_recipe, validate
+from fedkit.data import Partition
+from fedkit.errors import RecipeError
 
 runner = CliRunner()
 
@@ -203,6 +206,14 @@ RUN_CASES = {
         tiny_recipe(plugins=["fedavg", "scaffold"]),
         ["federation.optimizer.name", "sgd with scaffold"],
     ),
+    "mlflow_file_store": (  # MLflow 3 refuses to write its folder store (issue 54)
+        tiny_recipe(plugins=["fedavg", {"mlflow": {"tracking_uri": "file:///nowhere/mlruns"}}]),
+        ["plugins.1.options.tracking_uri", "'file:///nowhere/mlruns'", "maintenance mode"],
+    ),
+    "tensorboard_unwritable": (  # /proc: no new files there, whoever asks (issue 54)
+        tiny_recipe(plugins=["fedavg", {"tensorboard": {"logdir": "/proc/fedkit-tb"}}]),
+        ["plugins.1.options.logdir", "a folder this process can write", "'/proc/fedkit-tb'"],
+    ),
 }
 
 
@@ -243,3 +254,152 @@ def test_bad_set_value_exits_2_with_clear_message(case, write_recipe):
 
 def test_the_corpus_is_large():
     assert 2 * len(CASES) + len(RUN_CASES) + len(SET_CASES) >= 60
+
+
+# Partitions, plugins given to the Python API, installed packages whose registry hooks raise
+
+PARTITIONERS = '''
+import numpy as np
+
+from fedkit import Partition, hookimpl
+
+
+def blocks(labels, num_clients):
+    return np.array_split(np.arange(len(labels)), num_clients)
+
+
+def negative(labels, num_clients, rng):
+    chunks = blocks(labels, num_clients)
+    chunks[1][0] = -1  # numpy would wrap it to the last image
+    return Partition(chunks)
+
+
+def beyond(labels, num_clients, rng):
+    chunks = blocks(labels, num_clients)
+    chunks[2][-1] = len(labels)
+    return Partition(chunks)
+
+
+def shared(labels, num_clients, rng):
+    chunks = blocks(labels, num_clients)
+    chunks[1] = np.concatenate([chunks[1], chunks[0][:5]])
+    return Partition(chunks)
+
+
+def short(labels, num_clients, rng):
+    return Partition(blocks(labels, num_clients)[:-1])
+
+
+def floats(labels, num_clients, rng):
+    return Partition([c.astype(float) for c in blocks(labels, num_clients)])
+
+
+def declared(labels, num_clients, rng):
+    chunks = blocks(labels, num_clients)
+    return Partition([np.concatenate([c, chunks[0][:5]]) for c in chunks])
+
+
+declared.overlapping = True
+
+
+class Odd:
+    """Partitioners that return what no run should train on."""
+
+    @staticmethod
+    @hookimpl
+    def register_partitioners(register):
+        for fn in (negative, beyond, shared, short, floats, declared):
+            register(fn.__name__, fn)
+'''
+
+BROKEN = '''
+from fedkit import hookimpl
+
+
+class Broken:
+    """Registers a data set, but its hook fails."""
+
+    @staticmethod
+    @hookimpl
+    def register_datasets(register):
+        raise RuntimeError("cannot reach the data server")
+'''
+
+
+@pytest.fixture
+def odd_packages(tmp_path, monkeypatch):
+    """Two installed packages: odd partitioners, and a registry hook that raises."""
+    from fedkit.plugin import registry
+
+    site = install_plugins(
+        tmp_path / "site", {"odd": PARTITIONERS, "broken": BROKEN}, dist="fedkit-{name}"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    registry.refresh()
+    yield
+    registry.refresh()
+
+
+PARTITION_CASES = {
+    "negative": ["'negative'", "client 1 holds index -1"],
+    "beyond": ["'beyond'", "client 2 holds index 300", "0..299"],
+    "shared": ["'shared'", "clients 0 and 1 both hold image 0", "disjoint"],
+    "short": ["'short'", "2 index arrays for data.num_clients=3"],
+    "floats": ["'floats'", "client 0's indices", "float64"],
+}
+
+
+@pytest.mark.filterwarnings("ignore::fedkit.plugin.entrypoints.RegistryWarning")
+@pytest.mark.parametrize("case", sorted(PARTITION_CASES))
+def test_a_bad_partition_is_refused_before_round_1(case, odd_packages, write_recipe, tmp_path):
+    path = write_recipe(tiny_recipe(data={"partition": {"name": case}}))
+    result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    for needle in ["data.partition.name", *PARTITION_CASES[case]]:
+        assert needle in result.output, result.output
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.filterwarnings("ignore::fedkit.plugin.entrypoints.RegistryWarning")
+def test_a_partitioner_that_declares_overlap_may_share_images(odd_packages):
+    from fedkit.config.schema import validate
+    from fedkit.data.partition import check_partition, partition
+    from fedkit.plugin.registry import registries
+
+    cfg = validate(tiny_recipe(data={"partition": {"name": "declared"}})).data
+    labels = np.zeros(300, np.int64)
+    fn = registries().partitioners.get("declared")
+    split = partition(labels, cfg, np.random.default_rng(0), fn)
+    assert [len(c) for c in split.clients] == [105, 105, 105]
+    with pytest.raises(RecipeError, match="'declared': clients 0 and 1 both hold image 0"):
+        check_partition("declared", split, 3, 300)  # had it not declared overlap
+    with pytest.raises(RecipeError, match="client 2 holds index 300"):
+        check_partition("declared", Partition([*split.clients[:2], np.array([300])]), 3, 300, True)
+
+
+def test_a_raising_registry_hook_breaks_only_what_it_registers(odd_packages, write_recipe):
+    from fedkit.core.preflight import check
+    from fedkit.plugin.registry import RegistryWarning, registries
+
+    with pytest.warns(RegistryWarning, match=r"'broken' \(package fedkit-broken\)"):
+        registries()
+    check(validate(tiny_recipe()))  # a recipe that needs nothing from it goes on
+    path = write_recipe(tiny_recipe(data={"dataset": "remote"}))
+    result = runner.invoke(app, ["validate", str(path), "--no-dry-run"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    for needle in ["data.dataset", "'remote'", "fedkit-broken", "register_datasets"]:
+        assert needle in result.output, result.output
+    assert "cannot reach the data server" in result.output
+    result = runner.invoke(app, ["plugins", "--check"])
+    assert result.exit_code == 2, result.output
+    assert "'broken' (package fedkit-broken) failed in register_datasets" in result.output
+
+
+@pytest.mark.parametrize("entry", [5, "fedavg", object, None])
+def test_the_python_api_refuses_a_plugin_entry_that_is_no_plugin(entry):
+    import fedkit
+
+    raw = tiny_recipe(plugins=["fedavg", "notaplugin"])
+    with pytest.raises(RecipeError, match=r"plugins\['notaplugin'\]: expected a plugin"):
+        fedkit.run(raw, plugins={"notaplugin": entry})

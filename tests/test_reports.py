@@ -22,6 +22,7 @@ from fedkit.cli.compare import sign_flip_p
 from fedkit.cli.report import (
     CAPTIONS,
     RunData,
+    bytes_plot,
     client_values_plot,
     clusters_plot,
     confusion,
@@ -32,6 +33,7 @@ from fedkit.cli.report import (
     render_html,
     roster_order,
     round_times,
+    server_saw,
     server_values,
     server_values_plot,
     write_report,
@@ -389,6 +391,50 @@ def test_the_privacy_panel_reads_booked_levels_and_clients_epsilon_values(tmp_pa
     (root / "metrics.jsonl").write_text(json.dumps({"round": 1, "dp_epsilon": 3.0}) + "\n")
     assert not privacy_levels(RunData(root))  # a number alone is not booked privacy
     assert 'id="privacy"' not in render_html(RunData(root), {})
+
+
+def test_the_privacy_panel_says_what_the_server_saw_and_what_secure_aggregation_cost(tmp_path):
+    """Rounds whose row says ``server_saw: sum`` are shown as only the sum, with the
+    protocol's clients, dropped clients, messages and bytes beside the ledger's model
+    bytes; a round without it as each upload. The protocol's bytes are stacked on the
+    bytes plot. A DP run without secure aggregation says the server saw each upload."""
+    root = tmp_path / "run"
+    root.mkdir()
+    mb = 2**20
+    booked = {"down_model": 3 * mb, "up_model": 3 * mb}
+    cost = {"clients": 3, "dropped": [], "messages": 24, "bytes_down": mb, "bytes_up": 6 * mb}
+    rows = [
+        {"round": 1, "bytes": booked, "server_saw": "sum", "secagg": cost},
+        {"round": 2, "bytes": booked, "server_saw": "sum",
+         "secagg": {**cost, "clients": 2, "dropped": [1, 4], "bytes_up": mb // 2}},
+        {"round": 3, "bytes": booked},
+    ]  # fmt: skip
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = RunData(root)
+    assert [(r["round"], r["saw"], r["messages"]) for r in server_saw(data)] == [
+        (1, "sum", 24), (2, "sum", 24), (3, "each", None)
+    ]  # fmt: skip
+    section = _privacy_section(render_html(data, {}))
+    assert "only the sum of the uploads in 2 of 3 rounds" in section
+    assert "each client's upload in the others" in section
+    cells = "<td>1</td><td>only the sum</td><td>3</td><td>–</td><td>24</td>"
+    assert cells + "<td>1.00</td><td>6.00</td><td>3.00</td><td>3.00</td>" in section
+    assert "<td>2</td><td>only the sum</td><td>2</td><td>1 4</td><td>24</td>" in section
+    assert "<td>0.50</td>" in section
+    assert "<td>3</td><td>each upload</td><td>–</td><td>–</td><td>–</td><td>–</td>" in section
+    plt = pyplot()
+    fig = bytes_plot(plt, data)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    heights = [p.get_height() for c in fig.axes[0].containers for p in c]
+    plt.close(fig)
+    assert labels == ["down_model", "up_model", "SecAgg+ down", "SecAgg+ up"]
+    assert heights[-3:] == [6.0, 0.5, 0.0]  # SecAgg+ up per round; round 3 had none
+
+    dp = {"epsilon": 0.5, "delta": 1e-05, "accountant": "rdp"}
+    (root / "metrics.jsonl").write_text(json.dumps({"round": 1, "privacy": {"client": dp}}))
+    section = _privacy_section(render_html(RunData(root), {}))
+    assert "The server saw each client's upload in every round" in section
+    assert "SecAgg+ messages" not in section
 
 
 @pytest.mark.slow

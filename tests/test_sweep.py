@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from fedkit.cli.app import app
 from fedkit.cli.sweep import Cell, axes_of, cells_of, command, discard_unstarted, split_values
 from fedkit.errors import FedkitError, RecipeError
 from fedkit.rundir import checkpoint
@@ -46,6 +48,38 @@ def test_axes_are_the_keys_with_several_values():
 def test_bad_sets_are_refused_before_anything_runs(sets):
     with pytest.raises(RecipeError):
         axes_of(sets)
+
+
+def test_values_are_compared_as_the_recipe_reads_them():
+    assert axes_of(["seed=1,true", "x=a,'1'"])[1] == {"seed": ["1", "true"], "x": ["a", "'1'"]}
+    for spelt in ("seed=1,01", "seed=1,1.0", "x=[1,2],[1, 2]", "x=a,'a'"):
+        with pytest.raises(RecipeError, match="distinct values"):
+            axes_of([spelt])
+
+
+SWEEP_FAULTS = {
+    "two_spellings": ("seed=1,01", ["--set seed", "'1' and '01' are both 1"]),
+    "one_folder": (
+        "description=run a,run/a",
+        ["--set description", "'run a' and 'run/a'", "'description-run~a_seed-0'"],
+    ),
+    "folders_by_case": ("description=A,a", ["'A' and 'a'", "'description-a_seed-0'"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SWEEP_FAULTS))
+def test_a_grid_that_would_mix_runs_exits_2_before_anything_runs(case, tmp_path, write_recipe):
+    item, needles = SWEEP_FAULTS[case]
+    recipe, out = write_recipe(tiny_recipe()), tmp_path / "sweep"
+    args = ["sweep", str(recipe), "--set", item, "--set", "seed=0,1", "--out", str(out)]
+    if case == "two_spellings":
+        args[5] = "federation.rounds=1,2"
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    for needle in needles:
+        assert needle in result.output, result.output
+    assert not out.exists()
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from conftest import flower_in_process
 from safetensors.torch import load_file
 from tutorials import TUTORIALS, run_tutorial, with_settings
 from typer.testing import CliRunner
@@ -122,6 +123,8 @@ def dp_shrunk(args: list[str]) -> list[str]:
 
 def test_dp_tutorial(tmp_path, monkeypatch):
     pytest.importorskip("opacus")
+    pytest.importorskip("flwr")
+    flower_in_process(monkeypatch)  # the SecAgg+ runs: Flower's nodes, without Ray
     run_tutorial(TUTORIALS / "dp.md", dp_shrunk, tmp_path, monkeypatch)
     runs = tmp_path / "runs"
     eps = [row["dp_epsilon"] for row in read_metrics(runs / "dp")]
@@ -134,15 +137,28 @@ def test_dp_tutorial(tmp_path, monkeypatch):
     assert 0 < last["dp_noise_multiplier"] and 7.9 < last["dp_epsilon"] <= 8
     assert last["privacy"]["client"]["epsilon"] == last["dp_epsilon"]
 
-    # the refusal: the page's command, at the recipe's own size, prints the page's line
+    # SecAgg+: every row says the server saw only the sum of the 3 clients, and what the
+    # protocol cost; the accounting is the plain run's
+    secure = read_metrics(runs / "dp-secagg")
+    assert [r["server_saw"] for r in secure] == ["sum", "sum"]
+    assert [r["dp_epsilon"] for r in secure] == eps
+    cost = secure[-1]["secagg"]
+    assert cost["clients"] == 3 and cost["dropped"] == [] and cost["messages"] == 8 * 3
+    assert cost["bytes_up"] > 2 * secure[-1]["bytes"]["up_model"]  # int64 against float32
+    assert "server_saw" not in read_metrics(runs / "dp")[-1]
+
+    # the refusals: the page's commands, at the recipe's own size, print the page's lines
+    # (a budget the run would exceed; a plugin that needs each upload, under SecAgg+)
     page = (TUTORIALS / "dp.md").read_text()
-    shown = re.search(r"```console\n\$ fedkit (.*)\n(error: .*)\n```", page)
-    assert shown, "dp.md: no ```console block with the refused run"
-    result = CliRunner().invoke(app, shlex.split(shown[1]), terminal_width=1000)
-    assert result.exit_code == 2, result.output
-    said = " ".join(result.output.split())
-    assert said.endswith(shown[2].split("recipes/dp-digits.yaml: ", 1)[1]), said
-    assert not (runs / "dp-over").exists()
+    shown = re.findall(r"```console\n\$ fedkit (.*)\n(error: .*)\n```", page)
+    assert len(shown) == 2, "dp.md: expected two ```console blocks with refused runs"
+    for command, error in shown:
+        args = shlex.split(command)
+        result = CliRunner().invoke(app, args, terminal_width=1000)
+        assert result.exit_code == 2, result.output
+        said = " ".join(result.output.split())
+        assert said.endswith(error.split("recipes/dp-digits.yaml: ", 1)[1]), said
+        assert not Path(args[args.index("--out") + 1]).exists()
 
     # sample-level DP-SGD: every client's ε in clients.jsonl, within its target
     rows = [json.loads(line) for line in (runs / "dpsgd" / "clients.jsonl").open()]

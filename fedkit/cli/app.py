@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fedkit.cli import deploy
@@ -383,7 +385,9 @@ def sweep(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the table.")] = False,
 ) -> None:
     """Run the cartesian product of the listed values (resumable), then a table of final
-    and best metrics, mean ± std over seeds (DIR/table.md, .csv, .json)."""
+    and best metrics, mean ± std over seeds (DIR/table.md, .csv, .json). Values are
+    compared as the recipe reads them: two spellings of one value (seed=1,01) or two
+    values that would share a run folder (run a, run/a) are refused before anything runs."""
     from fedkit.cli.sweep import sweep as run_sweep
 
     engine = engine_settings(executor, workers)
@@ -484,12 +488,19 @@ def plugin_rows(
     entry_points: dict[str, Any], check: bool
 ) -> tuple[list[list[str]], list[str], bool]:
     """The listing's rows (importing every plugin), the authoring findings with
-    ``check``, and whether a plugin could not be imported."""
+    ``check`` (a registry hook that raises is one), and whether a plugin is broken."""
     from fedkit.plugin import registry
-    from fedkit.plugin.authoring import check_entry_points, check_plugin
+    from fedkit.plugin.authoring import Finding, check_entry_points, check_plugin
 
     loaded, findings = check_entry_points(entry_points)
-    registered = registry.collect(loaded)
+    with warnings.catch_warnings():  # said as a finding and in the plugin's row instead
+        warnings.simplefilter("ignore", registry.RegistryWarning)
+        registered = registry.collect(loaded, registry.packages_of(entry_points))
+    failed = {f.plugin: f.hook for f in reversed(registered.failures)}  # first per plugin
+    findings += [
+        Finding(f.plugin, f"{f}; recipes that name what it registers cannot run")
+        for f in registered.failures
+    ]
     provides: dict[str, list[str]] = {}
     for kind in registered.kinds().values():
         for entry in kind.entries.values():
@@ -507,15 +518,15 @@ def plugin_rows(
             [
                 name,
                 f"{info.package} {info.version}",
-                ", ".join(sides["server"]),
+                ", ".join(sides["server"] + [f"{h} (simulation)" for h in sides["simulation"]]),
                 ", ".join(sides["client"]),
                 ", ".join(provides.get(name, [])),
                 "yes" if info.uploads_data_derived else "no",
-                info.summary,
+                f"[red]broken: {failed[name]} raised[/]" if name in failed else info.summary,
             ]
         )
         findings += check_plugin(name, loaded[name]) if check else []
-    return rows, findings, len(loaded) < len(entry_points)
+    return rows, findings, len(loaded) < len(entry_points) or bool(failed)
 
 
 @app.command("plugins")
@@ -637,6 +648,25 @@ def list_recipes(
         )
 
 
+def one_line_warnings() -> None:
+    """Show fedkit's warnings about installed packages (a registry hook that raised) as
+    one line on stderr, as the CLI's other warnings are, not as Python's two."""
+    from fedkit.plugin.entrypoints import RegistryWarning
+
+    python = warnings.showwarning
+
+    def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, RegistryWarning):
+            errors.print(
+                f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True
+            )
+        else:
+            python(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+
+
 def main() -> None:
     """Console-script entry point."""
+    one_line_warnings()
     sys.exit(app())

@@ -15,6 +15,7 @@ import re
 import shlex
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -80,13 +81,38 @@ def tool(name: str) -> str:
 
 
 def connection(insecure: bool, root_certificates: Path | None) -> list[str]:
+    """Flower's connection flags; a clear error when neither is given, or when the
+    ``--root-certificates`` file cannot be read or holds no certificate."""
     if insecure:
         return ["--insecure"]
     if root_certificates is None:
         raise typer.BadParameter(
             "give --root-certificates CA.pem (TLS), or --insecure on a trusted network"
         )
+    ca_certificates(root_certificates)
     return ["--root-certificates", str(root_certificates)]
+
+
+def ca_certificates(path: Path) -> bytes:
+    """The bytes of a CA certificate file, checked as Flower reads it (PEM text that TLS
+    can verify with), or one line naming ``--root-certificates`` and the file, exit 2."""
+    data = readable(path, "--root-certificates")
+    why = None
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        why = "holds no PEM certificate"
+    else:
+        try:
+            ssl.create_default_context(cadata=data.decode("ascii"))
+        except (UnicodeDecodeError, ssl.SSLError, ValueError):
+            why = "holds a PEM certificate that TLS cannot read"
+    if why is not None:
+        bad_file(
+            "--root-certificates",
+            path,
+            f"{why}; expected the CA certificate that signed the SuperLink's (ca.crt from "
+            "fedkit deploy certs)",
+        )
+    return data
 
 
 @app.command("node")
@@ -126,12 +152,14 @@ def node(
         typer.Option(
             min=0,
             help="How long to keep trying to reach or rejoin the SuperLink (s) before the "
-            "node stops with exit code 1 (a SuperLink restart, a key still held online).",
+            "node stops with exit code 1 (a SuperLink restart, a key still held online), "
+            "or 2 when nothing ever answered at --superlink.",
         ),
     ] = 300.0,
 ) -> None:
     """Start one site: a Flower node, in one process with the fedkit client it holds."""
     tool("flower-supernode")  # the flower extra is installed, or a clear error
+    from fedkit.flower.internals import CALL_PATIENCE
     from fedkit.flower.node_keys import load_key_pair
     from fedkit.flower.runner import NodeStopped, serve
 
@@ -139,27 +167,37 @@ def node(
     folder = dir.expanduser().resolve()
     site = data.expanduser().resolve() if data is not None else None
     if site is not None and not site.is_dir():
-        raise typer.BadParameter(f"{data} is not a directory of class folders", param_hint="--data")
+        bad_file("--data", data, "expected a directory of class folders")
     allowed = allowed_plugins(allow)
     certificates = None
     if not insecure and root_certificates is not None:
-        certificates = readable(root_certificates, "--root-certificates")
+        certificates = ca_certificates(root_certificates)
     keys = None
     if auth_key is not None:
         try:
             keys = load_key_pair(auth_key.expanduser())
         except ValueError as error:
-            raise typer.BadParameter(str(error), param_hint="--auth-key") from None
-    folder.mkdir(parents=True, exist_ok=True)
+            fail(f"--auth-key {error}", 2)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        bad_file("--dir", dir, f"cannot make this folder ({error.strerror})")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
     def stop(signum: int, frame: object) -> None:
         raise SystemExit(0)  # leaves the SuperLink (deactivates this node) on the way out
 
+    joined: list[int] = []
+
     def connected(node_id: int) -> None:
+        joined.append(node_id)
         typer.echo(f"node {node_id} joined {superlink}, holding client {partition}")
 
     signal.signal(signal.SIGTERM, stop)
+    typer.echo(
+        f"joining the SuperLink at {superlink}; without an answer the node stops after "
+        f"{reconnect:g} s of retrying (--reconnect), each try waiting up to {CALL_PATIENCE:g} s"
+    )
     try:
         serve(
             superlink, partition, folder, certificates=certificates, keys=keys, site=site,
@@ -169,7 +207,8 @@ def node(
         pass
     except NodeStopped as stopped:
         typer.echo(f"the node stopped: {stopped}", err=True)
-        raise typer.Exit(1) from None
+        # nothing ever answered there: the address (--superlink) is the likely fault
+        raise typer.Exit(2 if stopped.unreachable and not joined else 1) from None
     except SystemExit as done:
         if done.code:  # e.g. a SuperLink that requires node authentication refused this node
             typer.echo("the node stopped: the SuperLink did not admit it (Flower's reason above)")
@@ -193,11 +232,16 @@ def allowed_plugins(allow: str | None) -> frozenset[str] | None:
 
 
 def readable(path: Path, option: str) -> bytes:
-    """The bytes of the file an option names, or a clear error naming the option."""
+    """The bytes of the file an option names, or one line naming the option, exit 2."""
     try:
         return path.expanduser().read_bytes()
     except OSError as error:
-        raise typer.BadParameter(f"{path}: {error.strerror}", param_hint=option) from None
+        bad_file(option, path, error.strerror or type(error).__name__)
+
+
+def bad_file(option: str, path: Path | None, why: str) -> NoReturn:
+    """One line naming the option (or argument) and its file, then exit 2."""
+    fail(f"{option} {path}: {why}", 2)
 
 
 @app.command("app")
@@ -205,8 +249,13 @@ def write_app(
     dir: Annotated[Path, typer.Argument(help="Folder to write the Flower app into.")],
 ) -> None:
     """Write the Flower app that runs fedkit recipes (for `flwr run DIR ...`)."""
-    dir.mkdir(parents=True, exist_ok=True)
-    (dir / "pyproject.toml").write_text(PYPROJECT)
+    if dir.exists() and not dir.is_dir():
+        bad_file("DIR", dir, "is a file; expected a folder to write the app into (made if missing)")
+    try:
+        dir.mkdir(parents=True, exist_ok=True)
+        (dir / "pyproject.toml").write_text(PYPROJECT)
+    except OSError as error:
+        bad_file("DIR", dir, f"cannot write the app there ({error.strerror})")
     typer.echo(f"wrote {dir / 'pyproject.toml'}")
 
 
@@ -257,7 +306,7 @@ def run(
         load_recipe(path, overrides)  # a recipe that cannot run is refused here, not there
         text = path.read_text()
     except (FedkitError, OSError) as error:
-        raise typer.BadParameter(str(error), param_hint="RECIPE") from None
+        fail(f"RECIPE {error}", 2)
     link = Link(superlink, insecure, root_certificates)
     seen = Streamed()
     with link.home() as (env, tmp):
@@ -383,7 +432,7 @@ def superlink_command(
         server_root(env)
         data_root(env)
     except FedkitError as error:
-        raise typer.BadParameter(str(error), param_hint="--runs / --data") from None
+        fail(f"--runs / --data: {error}", 2)
     tls = {
         "--ssl-ca-certfile": ssl_ca_certfile,
         "--ssl-certfile": ssl_certfile,
@@ -436,17 +485,13 @@ def keygen(
     try:
         private.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise typer.BadParameter(
-            f"cannot make the folder {private.parent}: {error.strerror}", param_hint="KEY"
-        ) from None
+        bad_file("KEY", key, f"cannot make the folder {private.parent} ({error.strerror})")
     try:
         public = make_key_pair(private)
     except FileExistsError as error:
-        raise typer.BadParameter(str(error), param_hint="KEY") from None
+        fail(f"KEY {error}", 2)
     except OSError as error:
-        raise typer.BadParameter(
-            f"cannot write in the folder {private.parent}: {error.strerror}", param_hint="KEY"
-        ) from None
+        bad_file("KEY", key, f"cannot write in the folder {private.parent} ({error.strerror})")
     typer.echo(f"wrote {key} (keep it on the node) and {public} (register it with the SuperLink)")
 
 
@@ -463,7 +508,7 @@ def register(
     register`, once per key)."""
     for key in keys:
         if not key.is_file():
-            raise typer.BadParameter(f"{key} is not a file", param_hint="KEYS")
+            fail(f"KEYS {key} is not a file; expected a node's KEY.pub (fedkit deploy keygen)", 2)
     with flower_home(superlink, insecure, root_certificates) as (env, _):
         flwr = tool("flwr")
         calls = [  # one Flower CLI process per key, all at once: each spends ~1.5 s starting
@@ -799,14 +844,16 @@ def certs(
     """Make a CA and a SuperLink TLS certificate it signs for the given names."""
     from fedkit.flower.certificates import make_certificates
 
+    if dir.expanduser().exists() and not dir.expanduser().is_dir():
+        bad_file("DIR", dir, "is a file; expected a folder for the certificates (made if missing)")
     try:
         paths = make_certificates(dir.expanduser(), name, days)
     except FileExistsError as error:
-        raise typer.BadParameter(str(error), param_hint="DIR") from None
+        fail(f"DIR {error}", 2)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--name") from None
     except OSError as error:
-        raise typer.BadParameter(f"{dir}: {error.strerror}", param_hint="DIR") from None
+        bad_file("DIR", dir, f"cannot write the certificates there ({error.strerror})")
     typer.echo(
         f"wrote {paths['server.pem']} and {paths['server.key']} (the SuperLink's), "
         f"{paths['ca.crt']} (hand it to every node and submitter: --root-certificates) and "

@@ -16,8 +16,10 @@ the page opens from disk anywhere. What is plotted depends on what the run logge
   server pre-training's loss per epoch);
 * wall time per round (client training, aggregation, evaluation), from ``times.jsonl``;
 * the partition: each client's training images per class, by class name;
-* privacy, when the run booked any: ε per round per level (metrics rows' ``privacy``,
-  clients' ``*_epsilon`` values) and each level's final ε, δ and accountant.
+* privacy, when the run booked any or ran under secure aggregation: ε per round per level
+  (metrics rows' ``privacy``, clients' ``*_epsilon`` values), each level's final ε, δ and
+  accountant, and what the server saw each round (each upload, or only their sum) with
+  the secure-aggregation protocol's own messages and bytes beside the model's.
 
 Needs matplotlib (the ``report`` extra); the page carries a small script that records
 whether every image loaded and any error, which a headless browser can read back.
@@ -173,7 +175,14 @@ def bytes_plot(plt: Any, data: RunData) -> Any:
         if any(values):
             ax.bar(rounds, values, bottom=bottom, label=field)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set(xlabel="round", ylabel="MB", title="Bytes per round by ledger category")
+    title = "Bytes per round by ledger category"
+    for way in ("down", "up"):  # the protocol's own messages, outside the ledger
+        values = [protocol_cost(r).get(f"bytes_{way}", 0) / 2**20 for r in rows]
+        if any(values):
+            ax.bar(rounds, values, bottom=bottom, hatch="//", alpha=0.6, label=f"SecAgg+ {way}")
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+            title = "Bytes per round: ledger categories, then SecAgg+'s own messages"
+    ax.set(xlabel="round", ylabel="MB", title=title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars
     return fig
 
@@ -322,11 +331,30 @@ def client_values_plot(plt: Any, data: RunData) -> Any:
     return fig
 
 
+def virtual_time_plot(plt: Any, data: RunData) -> Any:
+    """Accuracy against the virtual clock's time (``systems:``), for runs that have one."""
+    keys = data.keys(is_accuracy)
+    if not keys or not any(_number(r.get("virtual_time")) for r in data.rows):
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for key in keys:
+        pairs = [
+            (r["virtual_time"], r[key])
+            for r in data.rows
+            if _number(r.get("virtual_time")) and _number(r.get(key))
+        ]
+        ax.plot(*zip(*pairs, strict=True), marker="o", markersize=3, label=key)
+    ax.set(xlabel="virtual seconds", ylabel="accuracy", title="Accuracy against virtual time")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
 def _value(v: Any) -> bool:
     return isinstance(v, (int, float)) and (isinstance(v, bool) or math.isfinite(v))
 
 
-SHOWN_ELSEWHERE = ("round", "ari", "ari_round", "clients")
+SHOWN_ELSEWHERE = ("round", "ari", "ari_round", "clients", "virtual_time", "flagged")
 
 
 def server_values(data: RunData) -> dict[str, list[tuple[int, float]]]:
@@ -494,6 +522,7 @@ def privacy_plot(plt: Any, data: RunData) -> Any:
 
 PLOTS = {
     "accuracy": accuracy_plot,
+    "virtual_time": virtual_time_plot,
     "loss": loss_plot,
     "bytes": bytes_plot,
     "client_accuracy": client_accuracy_plot,
@@ -509,9 +538,12 @@ PLOTS = {
 CAPTIONS = {
     "accuracy": "The global model's scores and the mean of the clients' personal scores, "
     "on every evaluated round.",
+    "virtual_time": "The same scores against the virtual clock's seconds (systems:): how "
+    "long the federation would have taken on the clients' devices and links.",
     "loss": "The clients' training loss (and each loss term), weighted by their samples.",
     "bytes": "What the ledger booked per round, down and up, by category: model, auxiliary "
-    "(a plugin's own tensors) and data-derived (features or statistics of client data).",
+    "(a plugin's own tensors) and data-derived (features or statistics of client data); "
+    "hatched on top, secure aggregation's own protocol messages, when the run used it.",
     "client_accuracy": "The spread of personal accuracy over the evaluated clients.",
     "clusters": "Each client's cluster, round by round (rows are client ids, grouped by "
     "true group when the partition has one), and the adjusted Rand index below.",
@@ -607,11 +639,87 @@ def once_html(data: RunData) -> str:
     return f"<h2>Logged once</h2>{_table(once)}" if once else ""
 
 
+def protocol_cost(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row's ``secagg`` entry (what secure aggregation's own messages cost that
+    round: clients summed, dropped, messages, bytes_down, bytes_up), or ``{}``."""
+    cost = row.get("secagg")
+    return cost if isinstance(cost, dict) else {}
+
+
+def _mb(value: Any) -> str:
+    return f"{value / 2**20:.2f}" if _number(value) else "–"
+
+
+SEEN = {"sum": "only the sum", "each": "each upload"}
+"""What a round's ``saw`` means (``server_saw`` in its metrics row; a row without it: the
+server saw each client's upload)."""
+
+COST = ("clients", "dropped", "messages", "bytes_down", "bytes_up")
+
+
+def server_saw(data: RunData) -> list[dict[str, Any]]:
+    """Per round, what the server saw of the uploads and what it cost: ``saw`` (``sum``
+    under secure aggregation, else ``each``), the protocol's ``COST`` entries (``None``
+    without it) and the ledger's model bytes each way."""
+    found = []
+    for row in data.rows:
+        cost, booked = protocol_cost(row), row.get("bytes") or {}
+        found.append({
+            "round": row["round"],
+            "saw": str(row.get("server_saw", "each")),
+            **{k: cost.get(k) for k in COST},
+            "model_down": booked.get("down_model"),
+            "model_up": booked.get("up_model"),
+        })  # fmt: skip
+    return found
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list):
+        value = " ".join(map(str, value))
+    return f"<td>{html.escape('–' if value in (None, '') else str(value))}</td>"
+
+
+def server_saw_html(data: RunData) -> str:
+    """The panel's part on what the server saw: a sentence over the whole run and, when
+    any round ran under secure aggregation, a table per round of the protocol's messages
+    and bytes beside the model's (folded away beyond 20 rounds)."""
+    rounds = server_saw(data)
+    summed = [r for r in rounds if r["saw"] != "each"]
+    if not summed:
+        return "<p>The server saw each client's upload in every round (no secure aggregation).</p>"
+    words = ", ".join(sorted({SEEN.get(r["saw"], r["saw"]) for r in summed}))
+    others = "" if len(summed) == len(rounds) else "; each client's upload in the others"
+    sentence = (
+        f"<p>The server saw {html.escape(words)} of the uploads in {len(summed)} of "
+        f"{len(rounds)} rounds (engine.secure_aggregation){others}.</p>"
+    )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("round", "server saw", "clients summed", "dropped", "SecAgg+ messages",
+                  "SecAgg+ MB down", "SecAgg+ MB up", "model MB down", "model MB up")
+    )  # fmt: skip
+    body = "".join(
+        "<tr>"
+        + _cell(r["round"])
+        + _cell(SEEN.get(r["saw"], r["saw"]))
+        + "".join(_cell(r[k]) for k in ("clients", "dropped", "messages"))
+        + "".join(_cell(_mb(r[k])) for k in ("bytes_down", "bytes_up", "model_down", "model_up"))
+        + "</tr>"
+        for r in rounds
+    )
+    table = f"<table><tr>{head}</tr>{body}</table>"
+    if len(rounds) > 20:
+        table = f"<details><summary>every round</summary>{table}</details>"
+    return sentence + table
+
+
 def privacy_html(data: RunData, png: bytes | None) -> str:
-    """The privacy section (only when the run booked privacy): the plot and, per level,
-    the final ε, δ and accountant."""
+    """The privacy section (only when the run booked privacy or ran under secure
+    aggregation): the plot, per level the final ε, δ and accountant, and what the server
+    saw each round."""
     levels = privacy_levels(data)
-    if not levels:
+    if not levels and not any("server_saw" in r for r in data.rows):
         return ""
     rows = "".join(
         f"<tr><td>{html.escape(level)}</td><td>{_fmt(float(b['epsilon']))}</td>"
@@ -622,7 +730,28 @@ def privacy_html(data: RunData, png: bytes | None) -> str:
     )
     head = "<tr><th>level</th><th>final ε</th><th>δ</th><th>accountant</th></tr>"
     shown = figure("privacy", png, CAPTIONS["privacy"]) if png else ""
-    return f'<h2 id="privacy">Privacy</h2>{shown}<table>{head}{rows}</table>'
+    spent = f"<table>{head}{rows}</table>" if levels else "<p>No ε booked.</p>"
+    return f'<h2 id="privacy">Privacy</h2>{shown}{spent}{server_saw_html(data)}'
+
+
+DETECTION = ("defence", "flagged", "detection_precision", "detection_recall", "backdoor_success")
+
+
+def detection_html(data: RunData) -> str:
+    """The attacks and defences section (only when a row has one of ``DETECTION``): per
+    round, the defence, whom it flagged, its precision and recall against the simulation's
+    truth and a backdoor's success rate."""
+    rows = [r for r in data.rows if any(k in r for k in DETECTION)]
+    if not rows:
+        return ""
+    head = "<tr><th>round</th>" + "".join(f"<th>{k}</th>" for k in DETECTION) + "</tr>"
+    body = "".join(
+        f"<tr><td>{r['round']}</td>"
+        + "".join(f"<td>{html.escape(_fmt(r[k])) if k in r else '–'}</td>" for k in DETECTION)
+        + "</tr>"
+        for r in rows
+    )
+    return f'<h2 id="detection">Attacks and defences</h2><table>{head}{body}</table>'
 
 
 def page(title: str, body: str) -> str:
@@ -655,6 +784,7 @@ def render_html(data: RunData, images: dict[str, bytes]) -> str:
     shown = {k: v for k, v in images.items() if k != "privacy"}  # in its own section
     sections += [figure(name, png, CAPTIONS.get(name, "")) for name, png in shown.items()]
     sections.append(privacy_html(data, images.get("privacy")))
+    sections.append(detection_html(data))
     sections.append(once_html(data))
     sections.append(partition_html(data))
     if data.evaluations:

@@ -34,6 +34,7 @@ from typing import Any
 from rich.table import Table
 
 from fedkit.cli.compare import markdown
+from fedkit.config.schema import parse_value
 from fedkit.errors import FedkitError, RecipeError
 from fedkit.rundir.atomic import write_json, write_text
 from fedkit.rundir.lock import RunLock
@@ -95,10 +96,44 @@ def axes_of(sets: Iterable[str]) -> tuple[list[str], dict[str, list[str]]]:
         if len(values) == 1:
             fixed.append(f"{key}={values[0]}")
         else:
-            if len(set(values)) != len(values):
-                raise RecipeError(f"--set {key}", "distinct values", text)
+            distinct(key, values)
             axes[key] = values
     return fixed, axes
+
+
+def reading(value: Any) -> Any:
+    """A parsed value in a form where two values compare equal exactly when a recipe
+    reads them alike: ``1``, ``01`` and ``1.0`` are one number, ``true`` is not ``1``."""
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int | float):
+        return ("number", value)
+    if isinstance(value, list):
+        return ("list", tuple(reading(v) for v in value))
+    if isinstance(value, dict):
+        return ("map", tuple(sorted((str(k), reading(v)) for k, v in value.items())))
+    try:
+        hash(value)
+    except TypeError:  # a YAML !!set, say
+        return (type(value).__name__, repr(value))
+    return (type(value).__name__, value)
+
+
+def distinct(key: str, values: list[str]) -> None:
+    """Refuse an axis with two spellings of one value (``seed=1,01``: YAML reads both as
+    1), which would run one setting twice and count it as two seeds."""
+    seen: dict[Any, str] = {}
+    for value in values:
+        parsed = reading(parse_value(value, f"{key}={value}"))
+        if parsed in seen:
+            first = seen[parsed]
+            same = "the same value" if first == value else f"both {parse_value(value)!r}"
+            raise RecipeError(
+                f"--set {key}",
+                f"distinct values ({first!r} and {value!r} are {same} in a recipe)",
+                ",".join(values),
+            )
+        seen[parsed] = value
 
 
 def labels(keys: list[str]) -> dict[str, str]:
@@ -114,12 +149,22 @@ def cells_of(axes: dict[str, list[str]]) -> list[Cell]:
     if not axes:
         return [Cell("run", {})]
     names = labels(list(axes))
-    cells = []
+    cells: dict[str, Cell] = {}
     for combination in product(*axes.values()):
         values = dict(zip(axes, combination, strict=True))
         name = "_".join(f"{names[k]}-{safe(v)}" for k, v in values.items())
-        cells.append(Cell(name, values))
-    return cells
+        other = cells.get(name.casefold())
+        if other is not None:
+            key = next(k for k in axes if other.values[k] != values[k])
+            raise RecipeError(
+                f"--set {key}",
+                f"values that name different folders ({other.values[key]!r} and "
+                f"{values[key]!r} would both run in {name!r}: a folder name keeps only the "
+                "letters, digits and . + - of a value, and some file systems ignore case)",
+                ",".join(axes[key]),
+            )
+        cells[name.casefold()] = Cell(name, values)
+    return list(cells.values())
 
 
 def safe(value: str) -> str:

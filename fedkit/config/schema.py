@@ -164,6 +164,32 @@ class EvaluationConfig(Section):
         return value
 
 
+class SecureAggregationConfig(Section):
+    """Secure aggregation with Flower's SecAgg+ (``flower`` executor only; decision 0023):
+    the server learns only the weighted mean of each round's uploads. ``true`` turns it
+    on with Flower's defaults. ``num_shares``: how many neighbours hold a share of each
+    client's secrets (an int > 2, or a fraction of the round's clients);
+    ``reconstruction_threshold``: how many shares rebuild one (an int, or a fraction of
+    ``num_shares``); ``clipping_range``: each entry of a client's change is clipped to
+    ±this before quantisation; ``quantization_range``: the integer levels it is rounded
+    onto."""
+
+    enabled: bool = False
+    num_shares: int | float = Field(1.0, gt=0)
+    reconstruction_threshold: int | float = Field(0.5, gt=0)
+    clipping_range: float = Field(8.0, gt=0)
+    quantization_range: int = Field(2**22, gt=1, lt=2**32)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_when_given(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return {"enabled": value}
+        if isinstance(value, dict) and value and "enabled" not in value:
+            return {**value, "enabled": True}
+        return value
+
+
 class EngineConfig(Section):
     """Where clients run and where what they keep lives.
 
@@ -194,6 +220,18 @@ class EngineConfig(Section):
     memory_budget_mb: float = Field(1024.0, gt=0)
     cache: int = Field(64, gt=0)
     keep_checkpoints: int = Field(2, ge=1)
+    secure_aggregation: SecureAggregationConfig = Field(default_factory=SecureAggregationConfig)
+
+    @field_validator("secure_aggregation")
+    @classmethod
+    def _secure_aggregation_on_flower(cls, value: SecureAggregationConfig, info: Any) -> Any:
+        executor = info.data.get("executor")
+        if value.enabled and executor != "flower":
+            raise ValueError(
+                "the flower executor (Flower's SecAgg+ runs between Flower nodes; "
+                f"engine.executor is {executor!r})"
+            )
+        return value
 
 
 class FaultConfig(Section):
@@ -215,6 +253,85 @@ class FaultConfig(Section):
         return self
 
 
+class SpeedConfig(Section):
+    """Clients' compute speed in training samples per second, drawn per client from a
+    lognormal with this ``median`` and ``sigma`` (0: every client alike; 1: about a
+    tenfold spread between the slowest and fastest tenth)."""
+
+    median: float = Field(100.0, gt=0)
+    sigma: float = Field(0.0, ge=0)
+
+
+class LinkConfig(Section):
+    """Clients' links: download and upload bandwidth in megabits per second (lognormal
+    per client with these medians and ``sigma``) and a fixed ``latency`` in seconds per job."""
+
+    down_mbps: float = Field(20.0, gt=0)
+    up_mbps: float = Field(5.0, gt=0)
+    sigma: float = Field(0.0, ge=0)
+    latency: float = Field(0.0, ge=0)
+
+
+class AvailabilityConfig(Section):
+    """When clients are reachable. ``always``; ``diurnal``: each client is reachable for
+    the fraction ``online`` of every ``period`` seconds, from a phase drawn per client;
+    ``trace``: the windows listed in the file ``trace`` (repeating every ``period``
+    seconds). ``wait``: the virtual seconds the server waits before sampling again when
+    no client is reachable."""
+
+    model: Literal["always", "diurnal", "trace"] = "always"
+    period: float = Field(86400.0, gt=0)
+    online: float = Field(0.5, gt=0, le=1)
+    trace: str | None = None
+    wait: float = Field(600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _trace_file(self) -> AvailabilityConfig:
+        if (self.model == "trace") != (self.trace is not None):
+            raise ValueError(
+                "a trace file exactly when model is trace "
+                f"(model is {self.model}, trace is {self.trace!r})"
+            )
+        return self
+
+
+class SystemsConfig(Section):
+    """The virtual clock (docs/systems.md): clients' speeds and links (drawn, or read from
+    the ``devices`` file), their availability, a round's ``deadline`` in virtual seconds
+    and the ``over_selection`` factor (sample ceil(k × factor), keep the first k to
+    finish). Off by default; a ``systems:`` section with any key turns it on unless it
+    says ``enabled: false``."""
+
+    enabled: bool = False
+    speed: SpeedConfig = Field(default_factory=SpeedConfig)
+    link: LinkConfig = Field(default_factory=LinkConfig)
+    devices: str | None = None
+    availability: AvailabilityConfig = Field(default_factory=AvailabilityConfig)
+    deadline: float | None = Field(None, gt=0)
+    over_selection: float = Field(1.0, ge=1)
+    mode: Literal["sync", "async"] = "sync"
+    concurrency: int | None = Field(None, ge=1)
+    """``async``: clients training at once (default ``clients_per_round``); a server step
+    aggregates the ``clients_per_round`` earliest to finish (docs/systems.md)."""
+
+    @model_validator(mode="after")
+    def _async_keys(self) -> SystemsConfig:
+        if self.mode == "sync" and self.concurrency is not None:
+            raise ValueError("concurrency only with mode: async")
+        if self.mode == "async" and not self.enabled:
+            raise ValueError("enabled: true with mode: async (it runs on the virtual clock)")
+        if self.mode == "async" and self.over_selection != 1:
+            raise ValueError("over_selection 1 with mode: async (it always keeps every job)")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_when_given(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value and "enabled" not in value:
+            return {**value, "enabled": True}
+        return value
+
+
 class Recipe(Section):
     """A complete, validated run description."""
 
@@ -227,6 +344,7 @@ class Recipe(Section):
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     faults: FaultConfig = Field(default_factory=FaultConfig)
+    systems: SystemsConfig = Field(default_factory=SystemsConfig)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
     channels_last: bool = False
@@ -255,6 +373,15 @@ class Recipe(Section):
             raise ValueError(
                 f"federation.min_clients ({needed}) at most data.num_clients ({clients}): "
                 "a round cannot have more clients than the federation"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _async_in_simulation(self) -> Recipe:
+        if self.systems.mode == "async" and self.engine.executor == "flower":
+            raise ValueError(
+                "systems.mode async with a simulation executor (sequential, isolated, ray): "
+                "it holds jobs across steps, which the Flower executor cannot"
             )
         return self
 

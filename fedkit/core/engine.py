@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -20,8 +20,10 @@ import torch
 from torch import Tensor
 
 from fedkit.config.schema import Recipe
-from fedkit.core import faults, reply_checks
+from fedkit.core import faults, reply_checks, truth
 from fedkit.core.aggregation import weighted_mean
+from fedkit.core.asynchronous import Flight
+from fedkit.core.clock import Clock, round_seconds
 from fedkit.core.evaluator import Evaluator, due, monitored
 from fedkit.core.executor import Clients, Executor, Placement, Population, StoreSpec
 from fedkit.core.messages import (
@@ -89,6 +91,13 @@ class Run:
     """Clients that answered at least once (checkpoints keep what the server knows of them)."""
     notes: list[str] = field(default_factory=list)
     began: float = field(default_factory=time.perf_counter)
+    clock: Clock | None = None
+    """The virtual clock (``systems.enabled``; ``fedkit.core.clock``), else ``None``."""
+    flight: Flight | None = None
+    """Asynchronous steps' jobs in flight (``systems.mode: async``), else ``None``."""
+    malicious: frozenset[int] | None = None
+    """The clients the recipe's attack controls (``malicious_clients``): simulation truth,
+    kept here with the evaluator and shown only to simulation hooks; ``None``: no attack."""
     times: dict[str, float] = field(default_factory=dict)
     """The last round's wall time: ``train`` (the clients' jobs as the server waited for
     them), ``aggregate``, ``evaluate`` and ``seconds`` (the whole round)."""
@@ -180,6 +189,9 @@ def prepare(
     run = Run(
         recipe, plugins, server, record, holding, executor, evaluator, data, expected, began=started
     )
+    run.malicious = truth.malicious(plugins, record)
+    run.clock = Clock(recipe) if recipe.systems.enabled else None
+    run.flight = Flight(run) if recipe.systems.mode == "async" else None
     if snapshot is not None:
         restore(run, snapshot)
     return run
@@ -214,6 +226,10 @@ def restore(run: Run, snapshot: Snapshot) -> None:
     server.ledger.restore(snapshot.sidecar["ledger"])
     set_rng_states(snapshot.sidecar["rng"])
     record.round = snapshot.round
+    if run.clock is not None:
+        run.clock.restore(snapshot.sidecar.get("clock"))
+    if run.flight is not None:
+        run.flight.restore(snapshot.sidecar.get("flight"), snapshot.held)
 
 
 def checkpoint_state(run: Run) -> dict[str, Any]:
@@ -226,6 +242,8 @@ def checkpoint_state(run: Run) -> dict[str, Any]:
         "roster": {str(c): server.roster[c].meta() for c in sorted(run.participants)},
         "ledger": server.ledger.flushed,
         "rng": rng_states(),
+        **({"clock": run.clock.state()} if run.clock is not None else {}),
+        **({"flight": run.flight.state()} if run.flight is not None else {}),
     }
 
 
@@ -264,34 +282,28 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     began = time.perf_counter()
     record.round = round
     record.row = metrics = {"round": round}
-    sampled = checked_sample(run, plugins.call("sample_clients", server=server, round=round))
-    record.sampled = metrics["clients"] = sampled
-    reporter.round_started(round, sampled)
+    if run.flight is not None:  # asynchronous: the step's arrivals (fedkit.core.asynchronous)
+        sampled, replies = run.flight.step(run, round, lambda ids: run.executor.run(jobs(run, ids)))
+        record.sampled = metrics["clients"] = sampled
+        reporter.round_started(round, sampled)
+    else:
+        sampled, replies = sync_replies(run, round, reporter)
+    if run.clock is not None:
+        metrics["virtual_time"] = round_seconds(run.clock.now)
     results, failures = [], []
-    for result in run.executor.run(jobs(run, sampled)):
+    for result in replies:
         result = receive(run, result)
         (results if result.failure is None else failures).append(result)
         reporter.client_done(round, result.client)
     trained = time.perf_counter()
     check_quorum(run, results, failures)
     results.sort(key=lambda r: r.client)
-    seed_everything(derive(run.recipe.seed, "server", round))
-    uploads: dict[int, list[Upload]] = defaultdict(list)
-    for r in results:
-        uploads[r.cluster].append(Upload(r.client, r.weight, r.upload))
-    for cluster, ups in sorted(uploads.items()):
-        record.pool[cluster] = update_cluster(run, cluster, ups)
-    metrics.update(summarise(results))
-    if failures:
-        metrics["failures"] = {str(f.client): f"{f.failure}: {f.error}" for f in failures}
-    retried = {str(r.client): r.retried for r in results if r.retried}
-    if retried:  # answered on a second attempt: kept as a trace, in failures.jsonl too
-        metrics["retried"] = retried
-    roster = server.roster
-    metrics["clusters"] = {
-        str(c): roster[c].cluster for c in sampled if roster[c].cluster is not None
-    }
+    aggregate_round(run, results)
+    annotate(run, metrics, sampled, results, failures)
     plugins.call("round_end", server=server)
+    if run.malicious is not None:
+        answered = [r.client for r in results]
+        metrics.update(truth.detection(metrics.get("flagged"), run.malicious, answered))
     aggregated = time.perf_counter()
     metrics.update(evaluate_round(run, round))
     metrics["bytes"] = server.ledger.totals(round)
@@ -308,6 +320,65 @@ def run_round(run: Run, round: int, reporter: Reporter = SilentReporter()) -> di
     }
     reporter.round_done(round, metrics)
     return metrics
+
+
+def aggregate_round(run: Run, results: list[ClientResult]) -> None:
+    """Each cluster's uploads (an attack's, on the simulation side, first) aggregated
+    into its next state."""
+    record = run.record
+    seed_everything(derive(run.recipe.seed, "server", record.round))
+    uploads: dict[int, list[Upload]] = defaultdict(list)
+    for r in results:
+        up = run.flight.upload(r) if run.flight else Upload(r.client, r.weight, r.upload)
+        uploads[r.cluster].append(up)
+    attack = None
+    if run.malicious:
+        attack = truth.view(run.malicious, record, run.evaluator.test, record.row)
+    for cluster, ups in sorted(uploads.items()):
+        if attack is not None:  # simulation truth: before any server hook sees an upload
+            ups = truth.attacked(run.plugins, attack, cluster, ups)
+        record.pool[cluster] = update_cluster(run, cluster, ups)
+
+
+def annotate(
+    run: Run,
+    metrics: dict[str, Any],
+    sampled: list[int],
+    results: list[ClientResult],
+    failures: list[ClientResult],
+) -> None:
+    """The row's summary of the replies: scores, the executor's notes, failures,
+    retries and each sampled client's cluster."""
+    metrics.update(summarise(results))
+    notes = getattr(run.executor, "round_notes", None)  # optional: an executor's own entries
+    if notes is not None:
+        metrics.update(notes())
+    if failures:
+        metrics["failures"] = {str(f.client): f"{f.failure}: {f.error}" for f in failures}
+    retried = {str(r.client): r.retried for r in results if r.retried}
+    if retried:  # answered on a second attempt: kept as a trace, in failures.jsonl too
+        metrics["retried"] = retried
+    roster = run.server.roster
+    metrics["clusters"] = {
+        str(c): roster[c].cluster for c in sampled if roster[c].cluster is not None
+    }
+
+
+def sync_replies(
+    run: Run, round: int, reporter: Reporter
+) -> tuple[list[int], Iterable[ClientResult]]:
+    """A synchronous round's sampled clients and replies (settled by the clock, if on)."""
+    server, record = run.server, run.record
+    sampled = checked_sample(run, run.plugins.call("sample_clients", server=server, round=round))
+    record.sampled = record.row["clients"] = sampled
+    reporter.round_started(round, sampled)
+    away: list[ClientResult] = []
+    if run.clock is not None:  # a sampler plugin's answer may name clients not reachable
+        sampled, away = run.clock.reachable(sampled)
+    replies: Iterable[ClientResult] = run.executor.run(jobs(run, sampled))
+    if run.clock is not None:
+        replies = run.clock.settle(server, list(replies), away)
+    return sampled, replies
 
 
 def evaluation_clients(run: Run, round: int) -> list[int]:
@@ -331,6 +402,9 @@ def evaluate_round(run: Run, round: int) -> dict[str, Any]:
         if not main:
             return metrics
         metrics.update(evaluator.global_model(server))
+        if run.malicious is not None:
+            attack = truth.view(run.malicious, run.record, evaluator.test, metrics)
+            truth.measured(run.plugins, attack)
     scores = evaluator.client_scores(len(server.pool))
     asked = any(
         {"personal_model", "evaluate_client"} & set(implemented_hooks(o))
@@ -390,6 +464,8 @@ def check_quorum(run: Run, results: list[ClientResult], failures: list[ClientRes
 def checked_sample(run: Run, sampled: list[int] | None) -> list[int]:
     """The sampler's answer (or the default draw), checked: distinct known client ids."""
     if sampled is None:
+        if run.clock is not None:
+            return run.clock.sample(run.server.round, run.eligible, len(run.server.roster))
         return default_sample(run.recipe, run.server.round, run.eligible)
     ids = sorted(int(c) for c in sampled)
     n = len(run.server.roster)

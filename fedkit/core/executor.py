@@ -89,7 +89,9 @@ class StoreSpec:
 
 
 class Executor(Protocol):
-    """The client side of a run, as the engine uses it."""
+    """The client side of a run, as the engine uses it. An executor may also have
+    ``round_notes() -> dict``: entries of its own for the round's metrics row, read after
+    aggregation (the Flower executor's secure-aggregation bytes and what the server saw)."""
 
     def run(self, jobs: list[ClientJob]) -> Iterator[ClientResult]: ...
     def evaluate(self, jobs: list[EvalJob]) -> Iterator[EvalResult]: ...

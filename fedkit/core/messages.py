@@ -79,8 +79,9 @@ class ClientJob:
 class ClientResult:
     """What one client sends back: its upload, weight (sample count), chosen cluster,
     the clusters it fetched (for the ledger) and its metrics (JSON values). A client that
-    failed sends ``failure`` (its kind: exception, non-finite, timeout, dropout, crash)
-    and ``error`` instead of an upload. ``retried``: why a first attempt died, when an
+    failed sends ``failure`` (its kind: exception, non-finite, timeout, dropout, crash;
+    the virtual clock's deadline, unavailable, over-selected) and ``error`` instead of an
+    upload. ``retried``: why a first attempt died, when an
     executor ran the job again and this is the second attempt's answer."""
 
     client: int

@@ -13,6 +13,7 @@ one loop over rounds.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -38,8 +39,9 @@ from fedkit.core.executor import Placement
 from fedkit.core.preflight import check
 from fedkit.data.summary import partition_rows, save_partition
 from fedkit.errors import FedkitError, RecipeError, RoundFailed
+from fedkit.plugin.authoring import check_plugin
 from fedkit.plugin.manager import Plugins
-from fedkit.plugin.registry import discover
+from fedkit.plugin.registry import discover, implemented_hooks, installed
 from fedkit.rundir import checkpoint
 from fedkit.rundir.atomic import remove_temporary, write_json, write_text
 from fedkit.rundir.lock import LOCK
@@ -217,6 +219,7 @@ def save(run: Run, out: Path, round: int) -> None:
         state=checkpoint_state(run),
         logs=log_states(out),
         keep=run.recipe.engine.keep_checkpoints,
+        held=run.flight.tensors() if run.flight is not None else None,
     )
 
 
@@ -315,6 +318,33 @@ class Loaded:
         return self.obj
 
 
+def with_plugins(plugins: Mapping[str, Any]) -> dict[str, Any]:
+    """The installed plugins and ``plugins`` (name → plugin class, module or object, or an
+    entry point), each checked as an installed one is: a name, and something that
+    implements fedkit hooks. Without this a stray value (``{"x": 5}``) would be accepted
+    as a plugin that does nothing, and a recipe naming it would run without its method."""
+    if not isinstance(plugins, Mapping):
+        raise RecipeError("plugins", "a mapping of plugin name → plugin class or module", plugins)
+    extra: dict[str, Any] = {}
+    for name, value in plugins.items():
+        where = f"plugins[{name!r}]"
+        if not isinstance(name, str) or not name.strip():
+            raise RecipeError(where, "a plugin name (a non-empty string) as the key", name)
+        if installed(value):
+            extra[name] = value
+            continue
+        authored = inspect.isclass(value) or inspect.ismodule(value)
+        if not implemented_hooks(value) and not (authored and check_plugin(name, value)):
+            raise RecipeError(
+                where,
+                "a plugin: a class, module or object with @hookimpl methods named like "
+                "fedkit hooks (see docs/plugins.md)",
+                value,
+            )
+        extra[name] = Loaded(value)
+    return {**discover(), **extra}
+
+
 @dataclass
 class RunResult:
     """What ``run`` produced: every round's metrics row (in memory, whole; with a run
@@ -360,11 +390,12 @@ def run(
     With ``out``, in a new run directory exactly as ``fedkit run`` does (checkpoints,
     logs, summary); without, in memory. ``overrides``: ``--set``-style ``key=value``
     items. ``plugins``: name → plugin class (or module) to use besides the installed
-    ones, e.g. one not installed yet. ``rounds_to_run``: stop after that many rounds (in
-    memory only). ``executor``: where clients run, instead of ``engine.executor``."""
+    ones, e.g. one not installed yet (checked: see ``with_plugins``). ``rounds_to_run``:
+    stop after that many rounds (in memory only). ``executor``: where clients run,
+    instead of ``engine.executor``."""
     raw = _raw(recipe)
     apply_overrides(raw, overrides or [])
-    available = {**discover(), **{k: Loaded(v) for k, v in plugins.items()}} if plugins else None
+    available = with_plugins(plugins) if plugins else None
     parsed = validate(raw)
     checked = check(parsed, available)
     if out is not None:
@@ -395,25 +426,35 @@ def _raw(recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
     return load_raw(resolve(str(recipe)))
 
 
+DRY_CLIENTS = 32
+"""The most clients a dry round runs (a recipe's cohort, capped: each costs a step)."""
+
+
 def dry_round(raw: dict[str, Any]) -> None:
     """One round of a recipe on a few of the embedded digits (the recipe's image size,
-    two clients, small batches): raises what a real run would raise in round 1 — key-claim
-    conflicts, shape mistakes, plugins that cannot work together — in seconds."""
+    its clients per round up to ``DRY_CLIENTS`` with eight images each, small batches):
+    raises what a real run would raise in round 1 — key-claim conflicts, shape mistakes,
+    plugins that cannot work together, a cohort a robust aggregator cannot take — in
+    seconds."""
     raw = {**raw, "data": dict(raw.get("data", {})), "federation": dict(raw.get("federation", {}))}
     server_share = 0.5 if raw["data"].get("server_fraction") else 0.0  # a few images each
+    cohort = raw["federation"].get("clients_per_round", 2)
+    k = min(max(2, cohort), DRY_CLIENTS) if isinstance(cohort, int) else 2
     raw["data"].update(
         dataset="digits",
         root=None,
         download=False,
-        num_clients=2,
+        num_clients=k,
         server_fraction=server_share,
-        max_train=16,  # a step or two per client
+        max_train=8 * k,  # a step or two per client
         max_test=20,
         partition={"name": "iid"},
         local_test_size=4,
     )
-    raw["federation"].update(rounds=1, clients_per_round=2, local_epochs=1, batch_size=4)
+    raw["federation"].update(rounds=1, clients_per_round=k, local_epochs=1, batch_size=4)
     raw["evaluation"] = {"protocol": "none", "every": 0}
     raw["engine"] = {"executor": "sequential", "store": "memory"}
     raw["faults"] = {}
+    if (raw.get("systems") or {}).get("concurrency") is not None:  # async: all clients at once
+        raw["systems"] = {**raw["systems"], "concurrency": k}
     run(raw)

@@ -5,7 +5,7 @@ process for the sequential executor, in a Ray actor, on a device elsewhere). It 
 client-side plugin instances and one working model, and turns a ``ClientJob`` plus the
 client's data and memory into a ``ClientResult``:
 
-select_cluster → update_client → local_train | local_objective + fit →
+training_data → select_cluster → update_client → local_train | local_objective + fit →
 after_local_train → upload_selection → process_upload,
 
 and an ``EvalJob`` plus the same into an ``EvalResult``: the client's personal model
@@ -189,6 +189,7 @@ class Worker:
         ctx = self.context(job.round, job.lr, data, memory, rng, job.offers, job.extra)
         self.act_out(job)
         plugins, model = self.plugins, self.model
+        ctx.train = plugins.chain("training_data", "data", ctx=ctx, data=ctx.train)
         cluster = plugins.call("select_cluster", ctx=ctx, model=model)
         ctx.cluster = 0 if cluster is None else int(cluster)
         receive(ctx, ctx.cluster)

@@ -15,7 +15,7 @@ import numpy as np
 
 from fedkit.config.schema import DataConfig
 from fedkit.data.datasets import Dataset, ImageSet, LabelledSplit, Triple, load_splits
-from fedkit.data.partition import Partitioner, partition
+from fedkit.data.partition import Partitioner, overlapping, partition
 from fedkit.errors import RecipeError
 
 
@@ -161,7 +161,7 @@ def _assign(
     n_server = int(round(cfg.server_fraction * len(labels)))
     server = stratified_sample(labels, n_server, server_rng)
     rest = np.setdiff1d(np.arange(len(labels)), server)
-    if cfg.num_clients > len(rest) and not getattr(partitioner, "overlapping", False):
+    if cfg.num_clients > len(rest) and not overlapping(partitioner):
         raise RecipeError(
             "data.num_clients",
             f"at most {len(rest)} (the train images left for clients after the server split)",

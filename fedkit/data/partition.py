@@ -44,13 +44,89 @@ def partition(
     check_params(cfg.partition.name, fn, cfg.partition.params)
     params = cfg.partition.params
     labels = np.asarray(labels)
-    if cfg.num_clients > len(labels) and not getattr(fn, "overlapping", False):
+    if cfg.num_clients > len(labels) and not overlapping(fn):
         raise RecipeError(
             "data.num_clients",
             f"at most {len(labels)} (the train images to share)",
             cfg.num_clients,
         )
-    return fn(labels, cfg.num_clients, rng, **params)
+    split = fn(labels, cfg.num_clients, rng, **params)
+    check_partition(cfg.partition.name, split, cfg.num_clients, len(labels), overlapping(fn))
+    return split
+
+
+def overlapping(fn: Partitioner) -> bool:
+    """Whether a partitioner declares that its clients may share images
+    (``fn.overlapping = True``, as ``sampled`` does): then there may be more clients than
+    images, and its partitions are not checked for disjoint clients."""
+    return bool(getattr(fn, "overlapping", False))
+
+
+def check_partition(
+    name: str, split: Any, num_clients: int, size: int, shared: bool = False
+) -> None:
+    """Refuse a partition that would train on the wrong images, naming the partitioner
+    and the first client at fault: one index array per client (``num_clients`` of them),
+    integer indices in ``0 .. size-1``, no image twice (unless ``shared``: the
+    partitioner declares overlap). Vectorised: one pass over all indices, before round 1."""
+
+    def refuse(problem: str) -> RecipeError:
+        return RecipeError(
+            "data.partition.name",
+            "a partitioner that returns one array of indices per client, each in "
+            f"0..{size - 1} (the {size} train images it splits)"
+            + (" (clients may share images: it declares overlap)" if shared else ", disjoint"),
+            name,
+            hint=f": {problem}",
+        )
+
+    if not isinstance(split, Partition):
+        raise refuse(f"it returned {type(split).__name__}, not a fedkit.Partition")
+    clients = split.clients
+    if not isinstance(clients, Sequence | np.ndarray) or isinstance(clients, str | bytes):
+        raise refuse(f"its clients are a {type(clients).__name__}, not a list of arrays")
+    if len(clients) != num_clients:
+        raise refuse(f"it gave {len(clients)} index arrays for data.num_clients={num_clients}")
+    for label, values in (("groups", split.groups), ("client_classes", split.client_classes)):
+        if values is not None and len(values) != num_clients:
+            raise refuse(f"its {label} has {len(values)} entries for {num_clients} clients")
+    kinds = {getattr(getattr(c, "dtype", None), "kind", "?") for c in clients}
+    try:
+        flat = np.concatenate(list(clients)) if num_clients else np.empty(0, np.int64)
+    except (ValueError, TypeError):
+        flat = None
+    if flat is None or flat.ndim != 1 or not kinds <= {"i", "u"}:
+        for cid, client in enumerate(clients):  # only when something is wrong: which client
+            array = np.asarray(client)
+            if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+                kind = f"{array.ndim}-d" if array.ndim != 1 else f"of {array.dtype}"
+                raise refuse(f"client {cid}'s indices are an array {kind}, not of integers")
+        if flat is None:
+            raise refuse("its clients are not index arrays")
+        flat = flat.astype(np.int64)  # integers, and empty lists that numpy reads as floats
+    lengths = np.fromiter(map(len, clients), np.int64, num_clients)
+    ends = np.cumsum(lengths)
+
+    def owner(position: int) -> int:
+        return int(np.searchsorted(ends, position, side="right"))
+
+    outside = np.flatnonzero((flat < 0) | (flat >= size))
+    if outside.size:
+        first = int(outside[0])
+        raise refuse(f"client {owner(first)} holds index {int(flat[first])}")
+    if shared:
+        return
+    counts = np.bincount(flat.astype(np.int64, copy=False), minlength=size)
+    twice = np.flatnonzero(counts > 1)
+    if twice.size:
+        image = int(twice[0])
+        holders = sorted({owner(int(p)) for p in np.flatnonzero(flat == image)})
+        who = (
+            f"client {holders[0]} holds image {image} more than once"
+            if len(holders) == 1
+            else f"clients {holders[0]} and {holders[1]} both hold image {image}"
+        )
+        raise refuse(who)
 
 
 def parameters_of(fn: Partitioner) -> dict[str, inspect.Parameter]:
@@ -106,7 +182,7 @@ def sampled(
 
 
 sampled.overlapping = True  # type: ignore[attr-defined]
-"""Clients may share images, so there may be more clients than images."""
+"""Clients may share images, so there may be more clients than images (``overlapping``)."""
 
 
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> Partition:

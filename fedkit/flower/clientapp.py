@@ -20,6 +20,7 @@ from flwr.app import Message
 from flwr.clientapp import ClientApp
 
 from fedkit.flower.node import NodeHost
+from fedkit.flower.secagg import protocol_reply
 
 
 def make_app() -> ClientApp:
@@ -28,6 +29,9 @@ def make_app() -> ClientApp:
     app, hosts = ClientApp(), dict[Any, NodeHost]()
 
     def handle(msg: Message, context: Any) -> Message:
+        protocol = protocol_reply(msg, context.state)  # a SecAgg+ stage
+        if protocol is not None:
+            return protocol
         folder = context.node_config.get("fedkit-dir")
         if folder not in hosts:
             site = context.node_config.get("fedkit-data")

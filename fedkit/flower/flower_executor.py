@@ -52,6 +52,7 @@ from fedkit.core.executor import Population, StoreSpec
 from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, EvalResult
 from fedkit.core.setup_data import describe
 from fedkit.errors import FedkitError, RecipeError
+from fedkit.flower import secagg
 from fedkit.flower.internals import error_kind
 from fedkit.flower.node import ROUND_OF_FILE, TEMPLATE, NodeNotSetUp
 from fedkit.flower.records import (
@@ -105,6 +106,11 @@ class FlowerExecutor:
         self, setup: ClientSetup, population: Population, store: StoreSpec, link: Link | None = None
     ) -> None:
         recipe = setup.recipe
+        refuse_uninstalled(setup)  # refusals first: before a simulation of our own starts
+        on = recipe.engine.secure_aggregation
+        self.secagg = secagg.checked(on) if on.enabled else None
+        """Secure aggregation's settings (``None``: off)."""
+        self.weighting = secagg.weighting(setup) if self.secagg is not None else "weighted"
         self.own = link is None
         self.link = SimulationLink(recipe.data.num_clients, recipe.engine) if self.own else link
         self.grid, self.timeout = self.link.grid, recipe.federation.client_timeout
@@ -124,7 +130,8 @@ class FlowerExecutor:
         """Node ids that hold no client of this run (or refused it)."""
         self.joining: dict[str, int] = {}
         """Setup messages not answered yet, by id: the node each went to."""
-        refuse_uninstalled(setup)
+        self.layouts: dict[int, list[Any]] = {}
+        self.notes: dict[str, Any] = {}
         self.setup_message = setup_content(
             setup, population, store.folder, uuid.uuid4().hex, self.series
         )
@@ -353,6 +360,14 @@ class FlowerExecutor:
 
     def run(self, jobs: list[ClientJob]) -> Iterator[ClientResult]:
 
+        if self.secagg is None:
+            yield from self._train(jobs)
+        else:
+            yield from self._summed(jobs)
+
+    def _train(self, jobs: list[ClientJob]) -> Iterator[ClientResult]:
+        """Each job as a ``train`` message, its reply read (a node that fetched a cluster
+        state it was not sent gets its job again, with it)."""
         self._rejoin()
         pending = {job.client: (job, self._offered(job)) for job in jobs}
         began = time.monotonic()
@@ -361,6 +376,8 @@ class FlowerExecutor:
                 cid: job_content(job, sorted(sent), self.settled.get(cid), self.prune(cid))
                 for cid, (job, sent) in pending.items()
             }
+            if self.secagg is not None:
+                contents = {cid: secagg.mark(c, self.weighting) for cid, c in contents.items()}
             left = (
                 None if self.timeout is None else max(0.0, began + self.timeout - time.monotonic())
             )
@@ -389,8 +406,95 @@ class FlowerExecutor:
                     self._accept(cid, get_meta(reply.content)["memory"])
                     fetched_all = set(result.fetched) == set(range(len(job.offers)))
                     (self.everything.add if fetched_all else self.everything.discard)(cid)
+                    if self.secagg is not None:
+                        self.layouts[cid] = get_meta(reply.content)["secagg"]
                 yield result
             pending = again
+
+    def _summed(self, jobs: list[ClientJob]) -> Iterator[ClientResult]:
+        """A round under secure aggregation (``fedkit.flower.secagg``): the clients train
+        and hold their uploads; SecAgg+ runs over those that answered; each client whose
+        vector is in the protocol's mean is accepted with the mean as its upload (the
+        server never holds one of its own), one that dropped out of the protocol fails."""
+        if any(len(job.offers) != 1 for job in jobs):
+            raise FedkitError("secure aggregation sums one model: this round offers several")
+        before = {job.client: self.manifest.get(job.client) for job in jobs}
+        self.layouts = {}
+        held: list[ClientResult] = []
+        for result in self._train(jobs):
+            if result.failure is not None:
+                yield result
+            else:
+                held.append(result)
+        held.sort(key=lambda r: r.client)
+        layout = self.layouts[held[0].client] if held else []
+        for result in [r for r in held if self.layouts[r.client] != layout]:
+            held.remove(result)
+            why = "its upload's keys or shapes differ from the others' (one layout is summed)"
+            yield self._dropped(result, before, "refused", why)
+        weights = {
+            self.nodes[r.client]: round(r.weight) if self.weighting == "weighted" else 1
+            for r in held
+        }
+        outcome = secagg.Outcome(None, set(), secagg.Traffic())
+        if len(held) >= 2:
+            outcome = secagg.secure_mean(
+                self.grid, jobs[0].round, weights, self.secagg, self.timeout
+            )
+        summed = {self.client_of[node] for node in outcome.summed}
+        self.notes = {
+            "server_saw": "sum",
+            "secagg": {
+                "clients": len(summed),
+                "dropped": sorted(r.client for r in held if r.client not in summed),
+                "messages": outcome.traffic.messages,
+                "bytes_down": outcome.traffic.down,
+                "bytes_up": outcome.traffic.up,
+            },
+        }
+        mean, broken = {}, None
+        if outcome.mean is not None:
+            try:
+                mean = secagg.tensors_of(outcome.mean, layout, jobs[0].offers[0])
+            except (FedkitError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+                broken = f"the summed upload does not fit its layout ({exc})"
+        for result in held:
+            if broken is not None:
+                yield self._dropped(result, before, "refused", broken)
+            elif result.client in summed:
+                result.upload = mean
+                yield result
+            elif outcome.mean is None:
+                why = (
+                    "secure aggregation needs 2 clients, 1 answered"
+                    if len(held) < 2
+                    else "secure aggregation halted: too few clients stayed to rebuild the "
+                    "masks (engine.secure_aggregation.reconstruction_threshold)"
+                )
+                yield self._dropped(result, before, "unavailable", why)
+            else:
+                why = "dropped out of secure aggregation after sharing its keys"
+                yield self._dropped(result, before, "unavailable", why)
+
+    def _dropped(
+        self, result: ClientResult, before: dict[int, Any], kind: str, why: str
+    ) -> ClientResult:
+        """A client that trained but whose upload is not in the round's sum: it fails the
+        round, and the node drops the memory it staged (the server did not accept it)."""
+        entry = before[result.client]
+        self.settled.pop(result.client, None)
+        if entry is None:
+            self.manifest.pop(result.client, None)
+        else:
+            self.manifest[result.client] = entry
+        return ClientResult.failed(result.client, kind, why, result.fetched)
+
+    def round_notes(self) -> dict[str, Any]:
+        """What the round's metrics row records of the executor's own work: under secure
+        aggregation, that the server saw only the sum (``server_saw``) and what SecAgg+'s
+        messages cost (``secagg``); nothing otherwise. Handed over once."""
+        notes, self.notes = self.notes, {}
+        return notes
 
     def evaluate(self, jobs: list[EvalJob]) -> Iterator[EvalResult]:
 

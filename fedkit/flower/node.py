@@ -75,6 +75,7 @@ from fedkit.flower.records import (
     result_content,
     state_of,
 )
+from fedkit.flower.secagg import hold
 from fedkit.plugin.entrypoints import discover
 from fedkit.plugin.registry import registries
 from fedkit.rundir.atomic import write_bytes
@@ -177,7 +178,8 @@ class Node:
             entry = self.write(raw, job.round)
             held = {"file": entry["file"]} if self.by_name and entry else {"bytes": raw}
             state[STAGED] = ConfigRecord({**held, "round": job.round, "attempt": job.attempt})
-        return result_content(result, self.category, memory=entry)
+        reply = result_content(result, self.category, memory=entry)
+        return hold(reply, content, state) if get_meta(content).get("secagg") else reply
 
     def kept(self, state: RecordDict) -> ClientMemory | None:
         """The memory the client keeps: from the node's state, or the file it names."""

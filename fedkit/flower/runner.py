@@ -46,6 +46,7 @@ from fedkit.errors import FedkitError
 from fedkit.flower import internals
 from fedkit.flower.internals import RunNotRunning, pull, push, quick_pulls
 from fedkit.flower.node import NodeHost
+from fedkit.flower.secagg import protocol_reply
 
 TIMING = bool(os.environ.get("FEDKIT_NODE_TIMING"))
 """Print how long each message's pull, answer and push took (``FEDKIT_NODE_TIMING=1``)."""
@@ -64,7 +65,12 @@ nodes on one machine do not spend its cores asking. Flower's SuperNode waits 3 s
 
 
 class NodeStopped(FedkitError):
-    """The node gave up on its SuperLink; the message says why and what to check."""
+    """The node gave up on its SuperLink; the message says why and what to check.
+    ``unreachable``: nothing answered at the address for the whole ``reconnect`` time."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 def serve(
@@ -233,7 +239,8 @@ class Trouble:
                 )
             raise NodeStopped(
                 f"{link} did not answer for {waited:.0f} s ({reason}); the node stops "
-                "(--reconnect sets how long it tries)"
+                "(--reconnect sets how long it tries)",
+                unreachable=kind == internals.UNREACHABLE,
             )
         if kind != self.kind:
             self.kind = kind
@@ -291,6 +298,9 @@ def answer(host: NodeHost, message: Message, state: RecordDict, partition: int) 
     the server books as this client's failure."""
 
     try:
+        protocol = protocol_reply(message, state)  # a SecAgg+ stage
+        if protocol is not None:
+            return protocol
         content = host.handle(message.metadata.message_type, message.content, state, partition)
         return Message(content, reply_to=message)
     except Exception as exc:  # noqa: BLE001 - the server sees it as the client's failure

@@ -28,7 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedkit.cli.progress import CHECKPOINTED, LineReporter
 from fedkit.cli.report import write_report as write_page
-from fedkit.core import runs
+from fedkit.core import runs, truth
 from fedkit.errors import FedkitError
 from fedkit.flower.flower_executor import FlowerExecutor
 from fedkit.flower.internals import quick_pulls
@@ -79,6 +79,8 @@ def main(grid: Grid, context: Context) -> None:
     """Run (or resume) the submitted recipe inside the operator's folder."""
     try:
         sent = submission(dict(context.run_config))
+        if sent.recipe is not None:
+            truth.refuse_deployed(sent.recipe)
     except FedkitError as error:
         print(f"fedkit: refused the run: {error}", flush=True)  # the run's log (flwr log)
         raise

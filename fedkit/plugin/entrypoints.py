@@ -20,6 +20,11 @@ DISTRIBUTION = "fedkit-fl"
 group stay ``fedkit``."""
 
 
+class RegistryWarning(UserWarning):
+    """A registry hook of an installed package raised: what it registers is missing, the
+    rest of fedkit works (``fedkit.plugin.registry.collect``)."""
+
+
 def discover() -> dict[str, EntryPoint]:
     """Every installed plugin by name, from the ``fedkit`` entry-point group. Two
     packages registering the same name are refused, naming both: which one a recipe

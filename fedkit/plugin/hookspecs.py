@@ -13,7 +13,11 @@ a real client has: its id, its private data, what it keeps between rounds, what 
 sent it this round, the recipe, the round, its device and RNG. Each side builds its own
 plugin instances from the recipe, so nothing a plugin stores on ``self`` on one side is
 visible on the other; whatever crosses goes through the core, which books it in the
-ledger.
+ledger. *Simulation* hooks stand for what no party of a real federation is: an adversary
+that controls some clients and, in simulation, knows which (``malicious_clients``), crafts
+their uploads from what its threat model lets it see (``attack_uploads``) and measures its
+success (``attack_evaluate``). They receive an ``Adversary`` view, never the ``Server``,
+and no server-side hook receives what they know.
 
 **Four kinds of hook.** Every call goes through pluggy's hook call, so tracing
 (``add_hookcall_monitoring``) and wrappers see every hook; the recipe's order of plugins
@@ -49,12 +53,15 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
     from torch.optim import Optimizer
 
+    from fedkit.config.schema import Recipe
+    from fedkit.data.datasets import ImageSet
+    from fedkit.plugin.adversary import Adversary
     from fedkit.plugin.context import ClientContext
     from fedkit.plugin.server import ClientInfo, Server, Upload
     from fedkit.training.loop import Objective
 
-REGISTRY, SERVER, CLIENT = "registry", "server", "client"
-SIDES = (REGISTRY, SERVER, CLIENT)
+REGISTRY, SERVER, CLIENT, SIMULATION = "registry", "server", "client", "simulation"
+SIDES = (REGISTRY, SERVER, CLIENT, SIMULATION)
 KINDS = ("all", "firstresult", "claims", "chain")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -270,6 +277,23 @@ def downlink(server: Server, client: ClientInfo) -> dict[str, Tensor] | None:
 # --------------------------------------------------------------------------- client
 
 
+@spec(CLIENT, "chain")
+def training_data(ctx: ClientContext, data: ImageSet) -> ImageSet | None:
+    """Replace the images a client trains on this round (chain).
+
+    Called on the client first in its round, in recipe order, each plugin seeing the
+    previous one's result; what the last returns is ``ctx.train`` for the rest of the
+    round (``select_cluster`` and training included). The client's declared sample count
+    (its weight) and its test set stay as they were, and nothing is kept: the next round
+    starts from the client's own data again. Poisoning by a malicious client (flipped
+    labels, a backdoor trigger) and augmentation that changes the set go here.
+
+    :param ctx: the client context (``ctx.train``: the client's own training set).
+    :param data: the training set so far (an ``ImageSet``; do not change it in place).
+    :returns: an ``ImageSet`` to train on instead, or ``None`` to keep it.
+    """
+
+
 @spec(CLIENT, "firstresult")
 def select_cluster(ctx: ClientContext, model: nn.ModuleDict) -> int | None:
     """Choose which cluster model the client works on this round.
@@ -438,7 +462,10 @@ def aggregate(server: Server, cluster: int, uploads: list[Upload]) -> dict[str, 
     """Combine the uploads of the clients that worked on one cluster (claims).
 
     Called on the server per cluster per round, for clusters at least one client chose.
-    Each ``Upload`` has ``client``, ``weight`` (its sample count) and ``tensors``. Return
+    Each ``Upload`` has ``client``, ``weight`` (its sample count) and ``tensors``; in
+    asynchronous steps (``systems.mode: async``) also ``staleness`` (server steps since
+    the model version the client started from) and ``delta`` (its upload minus that
+    version), and ``server.pool`` is the current version. Return
     the keys this plugin sets with their new server values; a claimed non-model key stays
     in the cluster state and is sent down with it next round; a key claimed with
     ``fedkit.DROP`` is removed from the cluster state. Unclaimed keys: the mean weighted
@@ -550,5 +577,64 @@ def round_logged(server: Server, metrics: dict[str, Any]) -> None:
 
     :param server: the server.
     :param metrics: the round's complete metrics row (read-only by convention).
+    :returns: nothing.
+    """
+
+
+# --------------------------------------------------------------------------- simulation
+
+
+@spec(SIMULATION, "firstresult")
+def malicious_clients(recipe: Recipe) -> Iterable[int] | None:
+    """Say which clients an attack controls: the simulation's truth.
+
+    Called once per run by the engine, when the run is prepared (and again on resume: the
+    answer must follow from the recipe alone, the plugin's options and seed included).
+    The answer is kept with the evaluator, on the simulation side: it is handed to
+    simulation hooks (``adversary.malicious``) and used to score detection (a defence's
+    ``flagged`` against it), and no server-side hook receives it. The plugin's client-side
+    instance decides the same set from the same recipe to act on its own clients. One
+    attack per run (two plugins answering this hook are refused). Refused with the Flower
+    deployment, where no party knows the truth.
+
+    :param recipe: the validated recipe.
+    :returns: client ids, or ``None`` to pass.
+    """
+
+
+@spec(SIMULATION, "chain")
+def attack_uploads(
+    adversary: Adversary, cluster: int, uploads: list[Upload]
+) -> list[Upload] | None:
+    """Replace the malicious clients' uploads with crafted ones (chain).
+
+    Called per cluster per round, after every reply was checked and booked and before any
+    server-side hook sees it (``aggregate`` receives what this returns). ``uploads`` are
+    the cluster's uploads in client-id order (client states, as ``aggregate`` gets them;
+    an update is an upload minus ``adversary.pool[cluster]``). Attacks that need more than
+    one client's update (the colluding clients' honest updates, the benign updates, as
+    the attack's threat model allows) craft them here; what one client can do alone
+    belongs in its client-side hooks. Replace only uploads of ``adversary.malicious``
+    clients, with the same keys, shapes and dtypes.
+
+    :param adversary: the simulation's adversary view (``malicious``: the truth).
+    :param cluster: the cluster index.
+    :param uploads: the cluster's uploads so far.
+    :returns: the uploads to aggregate instead, or ``None`` to keep them.
+    """
+
+
+@spec(SIMULATION)
+def attack_evaluate(adversary: Adversary, round: int) -> None:
+    """Measure an attack's success on what only the simulation holds.
+
+    Called on evaluation rounds (``evaluation.every`` and the last), after the
+    evaluator scored the global model and before ``evaluate``: ``adversary.test`` is the
+    global test set, ``adversary.model(c)`` cluster ``c``'s model. Report with
+    ``adversary.log(name=value)`` (a backdoor's attack success rate, say): the row gets
+    it, as it gets the evaluator's scores.
+
+    :param adversary: the simulation's adversary view.
+    :param round: the round just finished (1-based).
     :returns: nothing.
     """

@@ -60,6 +60,12 @@ from fedkit.plugin.reported import MetricError
 from fedkit.training.loop import Objective
 
 SIDES = (hookspecs.SERVER, hookspecs.CLIENT)
+REACH = {
+    hookspecs.SERVER: (hookspecs.SERVER, hookspecs.SIMULATION),
+    hookspecs.CLIENT: (hookspecs.CLIENT,),
+}
+"""The hook sides each ``Plugins`` calls: the engine's (``server``) also calls the
+simulation hooks, on the same instances, none of which may implement a server hook."""
 DROPPING = ("upload_selection", "aggregate", "server_update")
 """The claims hooks where ``DROP`` removes a key (from an upload, from a cluster state)."""
 LOSS_HOOKS = ("local_train", "local_objective")
@@ -178,7 +184,7 @@ class _Adapter:
     def __init__(self, name: str, obj: Any, side: str) -> None:
         self._plugin_name = name
         for hook in implemented_hooks(obj):
-            if hook_side(hook) != side:
+            if hook_side(hook) not in REACH[side]:
                 continue
             method = getattr(obj, hook)
             opts = getattr(method, f"{PROJECT}_impl")
@@ -283,6 +289,7 @@ class Plugins:
         self.names = list(self.objects)
         if side == hookspecs.SERVER:
             self._check_shadowing()
+            self._check_simulation()
         self._observers: list[Callable[[str, list[str], dict[str, Any]], None]] = []
         self._undo_monitoring: Callable[[], None] | None = None
         if os.environ.get("FEDKIT_TRACE_PLUGINS") == "1":
@@ -308,6 +315,22 @@ class Plugins:
                     names[:2],
                 )
 
+    def _check_simulation(self) -> None:
+        """A plugin implementing a simulation hook holds simulation truth on ``self``: it
+        may not implement a server-side hook too (which could read it)."""
+        for name, obj in self.objects.items():
+            hooks = implemented_hooks(obj)
+            simulation = [h for h in hooks if hook_side(h) == hookspecs.SIMULATION]
+            server = [h for h in hooks if hook_side(h) == hookspecs.SERVER]
+            if simulation and server:
+                raise RecipeError(
+                    "plugins",
+                    f"{name!r} to implement simulation hooks ({', '.join(simulation)}) or "
+                    f"server hooks ({', '.join(server)}), not both: what an attack knows must "
+                    "not reach the server",
+                    name,
+                )
+
     def observe(self, observer: Callable[[str, list[str], dict[str, Any]], None]) -> None:
         """Call ``observer(hook, plugin_names, kwargs)`` before every hook call on this
         side, through pluggy's hook-call monitoring (``FEDKIT_TRACE_PLUGINS=1`` prints
@@ -323,7 +346,7 @@ class Plugins:
             self._undo_monitoring = self.pm.add_hookcall_monitoring(before, lambda *_: None)
 
     def _caller(self, hook: str) -> Any:
-        if hook_side(hook) != self.side:
+        if hook_side(hook) not in REACH[self.side]:
             raise RuntimeError(f"hook {hook!r} runs on the {hook_side(hook)} side, not {self.side}")
         return getattr(self.pm.hook, hook)
 

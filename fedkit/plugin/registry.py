@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint
@@ -22,7 +23,7 @@ import pluggy
 from fedkit.data.datasets import Dataset
 from fedkit.errors import FedkitError, RecipeError, did_you_mean
 from fedkit.plugin import hookspecs
-from fedkit.plugin.entrypoints import discover
+from fedkit.plugin.entrypoints import RegistryWarning, discover
 from fedkit.plugin.markers import PROJECT
 
 T = TypeVar("T")
@@ -70,6 +71,20 @@ def registers_only(obj: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class HookFailure:
+    """A registry hook that raised: which plugin, its package, the hook and the error."""
+
+    plugin: str
+    package: str
+    hook: str
+    error: str
+
+    def __str__(self) -> str:
+        where = f" (package {self.package})" if self.package else ""
+        return f"plugin {self.plugin!r}{where} failed in {self.hook}: {self.error}"
+
+
+@dataclass(frozen=True)
 class Entry(Generic[T]):
     """One registered thing: its name, the value (a loader, a factory) and the plugin that
     registered it."""
@@ -87,6 +102,7 @@ class Registry(Generic[T]):
     kind: str
     key: str
     entries: dict[str, Entry[T]] = field(default_factory=dict)
+    failed: list[HookFailure] = field(default_factory=list)
 
     def add(self, name: str, value: T, plugin: str) -> None:
         if not isinstance(name, str) or not name:
@@ -102,11 +118,15 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The value registered under ``name``, or a ``RecipeError`` with a did-you-mean."""
         if name not in self.entries:
+            broken = "".join(
+                f"; {failure} (it may be the one that registers {name!r})"
+                for failure in self.failed
+            )
             raise RecipeError(
                 self.key,
                 f"a registered {self.kind}: one of {', '.join(sorted(self.entries))}",
                 name,
-                hint=did_you_mean(name, self.entries),
+                hint=did_you_mean(name, self.entries) + broken,
             )
         return self.entries[name].value
 
@@ -119,12 +139,14 @@ class Registry(Generic[T]):
 
 @dataclass
 class Registries:
-    """Everything the registry hooks added, one ``Registry`` per kind."""
+    """Everything the registry hooks added, one ``Registry`` per kind, and the hooks that
+    raised (``failures``, also on each kind's ``Registry``)."""
 
     datasets: Registry[Any]
     partitioners: Registry[Any]
     executors: Registry[Any]
     stores: Registry[Any]
+    failures: list[HookFailure] = field(default_factory=list)
 
     def kinds(self) -> dict[str, Registry[Any]]:
         return {
@@ -135,17 +157,18 @@ class Registries:
         }
 
 
-def _registrar(kind: Registry[Any], hook: str) -> Callable[..., None]:
-    """The ``register`` callable a registry hook receives (told the plugin's name)."""
+def _registrar(staged: list[tuple[str, Any, str]], hook: str) -> Callable[..., None]:
+    """The ``register`` callable a registry hook receives (told the plugin's name): it
+    stages each entry, added once the hook returns (a hook that raises adds none)."""
     if hook == "register_datasets":
 
         def add_dataset(name: str, load: Callable[..., Any], *, plugin: str, **facts: Any) -> None:
-            kind.add(name, Dataset(load, **facts), plugin)
+            staged.append((name, Dataset(load, **facts), plugin))
 
         return add_dataset
 
     def add(name: str, value: Any, *, plugin: str) -> None:
-        kind.add(name, value, plugin)
+        staged.append((name, value, plugin))
 
     return add
 
@@ -164,9 +187,11 @@ class _RegistryFacade:
     """The registry hooks of one plugin, registered with a plugin manager of their own."""
 
 
-def collect(plugins: dict[str, Any]) -> Registries:
-    """Call every registry hook of ``plugins`` (name → loaded class or module) through
-    pluggy, in name order."""
+def collect(plugins: dict[str, Any], packages: dict[str, str] | None = None) -> Registries:
+    """Call every registry hook of ``plugins`` (name → loaded class or module), in name
+    order. A hook that raises registers nothing and is recorded (``failures``, with the
+    plugin's package from ``packages``) and warned about once (``RegistryWarning``), so
+    that it breaks only the recipes that name what it would have registered."""
     found = Registries(
         Registry("dataset", "data.dataset"),
         Registry("partitioner", "data.partition.name"),
@@ -192,7 +217,25 @@ def collect(plugins: dict[str, Any]) -> Registries:
             setattr(facade, hook, _bound(getattr(obj, hook), name))
         pm.register(facade, name=name)
     for hook, kind in found.kinds().items():
-        getattr(pm.hook, hook)(register=_registrar(kind, hook))
+        for impl in reversed(getattr(pm.hook, hook).get_hookimpls()):  # in call order
+            staged: list[tuple[str, Any, str]] = []
+            try:
+                impl.function(register=_registrar(staged, hook))
+            except Exception as exc:  # noqa: BLE001 - a package's bug, kept to what it adds
+                name = impl.plugin_name
+                failure = HookFailure(
+                    name, (packages or {}).get(name, ""), hook, f"{type(exc).__name__}: {exc}"
+                )
+                found.failures.append(failure)
+                kind.failed.append(failure)
+                warnings.warn(
+                    f"{failure}; recipes that name what it registers cannot run",
+                    RegistryWarning,
+                    stacklevel=2,
+                )
+                continue
+            for entry in staged:
+                kind.add(*entry)
     return found
 
 
@@ -208,9 +251,19 @@ def loaded_plugins(available: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def packages_of(available: dict[str, Any]) -> dict[str, str]:
+    """Each installed plugin's package name (for messages); in-process ones are left out."""
+    return {
+        name: getattr(getattr(ep, "dist", None), "name", None) or ""
+        for name, ep in available.items()
+        if installed(ep)
+    }
+
+
 @functools.cache
 def _installed() -> Registries:
-    return collect(loaded_plugins(discover()))
+    available = discover()
+    return collect(loaded_plugins(available), packages_of(available))
 
 
 def registries(available: dict[str, Any] | None = None) -> Registries:
@@ -218,7 +271,7 @@ def registries(available: dict[str, Any] | None = None) -> Registries:
     plugins of ``available`` register (tests, in-process plugins not installed)."""
     if available is None:
         return _installed()
-    return collect(loaded_plugins(available))
+    return collect(loaded_plugins(available), packages_of(available))
 
 
 def refresh() -> None:

@@ -30,11 +30,19 @@ from fedkit.seeding import isolated_rng
 
 @dataclass
 class Upload:
-    """What one client sent for aggregation: its id, its weight (sample count), tensors."""
+    """What one client sent for aggregation: its id, its weight (sample count), tensors.
+
+    Asynchronous aggregation (``systems.mode: async``) also gives ``staleness``, the
+    server steps taken since the model version the client started from, and ``delta``,
+    each uploaded key minus its value in that version (keys that version holds). In
+    synchronous rounds ``staleness`` is 0 and ``delta`` is ``None``: the version is the
+    ``reference`` the aggregation hooks receive."""
 
     client: int
     weight: float
     tensors: dict[str, Tensor]
+    staleness: int = 0
+    delta: dict[str, Tensor] | None = None
 
 
 @dataclass(slots=True)

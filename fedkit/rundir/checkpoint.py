@@ -43,6 +43,7 @@ FORMAT = 4
 POINTER = Path("checkpoints") / "latest.json"
 RUN_FILE = Path("checkpoints") / "run.json"
 STATE, SEAL = "state.json", "state.sha256"
+HELD = "held.safetensors"
 FOLDER = re.compile(r"^round-(\d{4,})$")
 RUN_ID = re.compile(r"[0-9a-f]{32}")
 CLIENT_FILE = re.compile(r"^\d+\.r\d{6}" + re.escape(SUFFIX) + "$")
@@ -117,17 +118,22 @@ def save(
     state: dict[str, Any],
     logs: dict[str, dict[str, Any]],
     keep: int,
+    held: dict[str, Tensor] | None = None,
 ) -> Path:
     """Write the state after ``round`` and point ``latest.json`` at it: the pool, the
     server's tensors, ``clients`` (each client's memory file and hash, as the client side
     persisted them), the server side's JSON ``state`` (recipe, server state, roster,
-    ledger totals, RNG states) and ``logs`` (the length and prefix hash of each log)."""
+    ledger totals, RNG states) and ``logs`` (the length and prefix hash of each log).
+    ``held``: tensors the simulation holds between rounds (asynchronous jobs in flight),
+    written to ``held.safetensors`` when there are any."""
     folder = root / "checkpoints" / f"round-{round:04d}"
     flat = _flatten({str(i): s for i, s in enumerate(pool)})
     files = {
         "pool.safetensors": write_safetensors(folder / "pool.safetensors", flat),
         "server.safetensors": write_safetensors(folder / "server.safetensors", server_tensors),
     }
+    if held:
+        files[HELD] = write_safetensors(folder / HELD, held)
     sidecar = {
         "format": FORMAT,
         "run": _own_id(root),
@@ -217,6 +223,8 @@ class Snapshot:
     notes: list[str] = field(default_factory=list)
     damaged: list[str] = field(default_factory=list)
     """The newer checkpoints skipped because they are damaged (also in ``notes``)."""
+    held: dict[str, Tensor] = field(default_factory=dict)
+    """What the simulation held between rounds (``save``'s ``held``)."""
 
 
 def read(root: Path) -> Snapshot | None:
@@ -247,6 +255,7 @@ def read(root: Path) -> Snapshot | None:
             sidecar=sidecar,
             notes=notes,
             damaged=damaged,
+            held=load_file(folder / HELD) if HELD in sidecar["files"] else {},
         )
     if candidates:
         raise CheckpointError(f"{root}: no intact checkpoint to resume from — " + " | ".join(notes))

@@ -1,0 +1,87 @@
+"""benchmarks/robustness.py's bookkeeping: the command a cell runs, which cells a results
+file already holds, and the table and published-point lines it writes (the runs
+themselves take hours and live in benchmarks/)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def robustness():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import robustness
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return robustness
+
+
+def sets_of(cmd: list[str]) -> dict[str, str]:
+    return dict(cmd[i + 1].split("=", 1) for i, x in enumerate(cmd) if x == "--set")
+
+
+def test_a_cell_runs_fedavg_with_its_attack_and_defence_and_resumes(robustness, tmp_path):
+    args = robustness.parse(["--quick", "--out", str(tmp_path / "runs"), "--root", "fm"])
+    assert args.out == tmp_path / "runs-quick" and args.results.name.endswith("-quick.jsonl")
+    assert (args.attacks, args.defences) == (
+        list(robustness.QUICK["attacks"]),
+        ["none", "median", "krum"],
+    )
+    cmd = robustness.cell_command("alie", "krum", "dirichlet-0.5", 7, args)
+    sets = sets_of(cmd)
+    plugins = yaml.safe_load(sets["plugins"])
+    assert plugins == ["fedavg", {"alie": {"fraction": 0.2, "seed": 7}}, {"krum": {"f": 2, "m": 8}}]
+    assert "draw_seed: 7" in sets["data.partition"] and sets["data.root"] == "fm"
+    assert sets["federation.rounds"] == "5" and "data.server_fraction" not in sets
+    clean = sets_of(robustness.cell_command("none", "fltrust", "iid", 7, args))
+    assert yaml.safe_load(clean["plugins"]) == ["fedavg", "fltrust"]
+    assert round(float(clean["data.server_fraction"]) * 60000) == 100  # FLTrust's root set
+    out = robustness.cell_out("alie", "krum", "dirichlet-0.5", 7, args)
+    out.mkdir(parents=True)
+    (out / "recipe.yaml").write_text("{}")
+    assert robustness.cell_command("alie", "krum", "dirichlet-0.5", 7, args)[2:4] == [
+        "--resume",
+        str(out),
+    ]
+    with pytest.raises(SystemExit):
+        robustness.parse(["--defences", "mean"])
+
+
+def test_cells_in_the_results_file_are_skipped(robustness, tmp_path):
+    results = tmp_path / "r.jsonl"
+    row = {"attack": "none", "defence": "none", "partition": "iid", "seed": 42, "accuracy": 80}
+    results.write_text(json.dumps(row) + "\n" + '{"attack": "cut sho')  # a killed append
+    args = robustness.parse(["--quick", "--results", str(results)])
+    cells = robustness.todo(args)
+    assert len(cells) == 11 and ("none", "none", "iid", 42) not in cells
+
+
+def test_the_table_marks_failed_defences_and_the_published_point(robustness):
+    def row(attack, defence, accuracy, **more):
+        base = {"attack": attack, "defence": defence, "partition": "iid", "seed": 42}
+        return {**base, "accuracy": accuracy, **more}
+
+    rows = [
+        row("none", "none", 89.5),
+        row("none", "krum", 88.0),
+        row("sign_flip", "none", 10.0, diverged=3),
+        row("sign_flip", "krum", 87.0),
+        row("backdoor", "krum", 86.0, backdoor_success=93.0),
+    ]
+    lines = {line.split(" | ")[0]: line for line in robustness.table(rows).splitlines()}
+    assert lines["| none"] == "| none | 89.5 | 88.0 |"
+    assert lines["| sign_flip"] == "| sign_flip | 10.0‡ ✗ | 87.0 |"
+    assert lines["| backdoor"] == "| backdoor | – | 86.0 / 93 ✗ |"
+    said = robustness.published(rows).splitlines()
+    assert "iid: fedkit 89.5 (n 1), paper 89.3, Flower 89.0: within ±2.0 points" in said[1]
+    assert "no full-length run" in said[2]
+    short = [{**rows[0], "accuracy": 50.0, "sets": ["federation.rounds=5"]}]
+    assert "no full-length run" in robustness.published(short).splitlines()[1]
