@@ -41,6 +41,12 @@ torch.set_num_threads(int(os.environ.get("FEDKIT_TEST_THREADS", "1")))
 os.environ["FEDKIT_REPORT"] = "0"
 # The plugins listing's cache stays out of the user's home during tests.
 os.environ.setdefault("FEDKIT_CACHE_DIR", tempfile.mkdtemp(prefix="fedkit-test-cache-"))
+# Ray starts its worker processes at nice 15 (the raylet's worker_niceness). Beside the
+# suite's other processes at nice 0 on 2 cores, they then get a few percent of a core, and a
+# Ray test that takes 8 s alone takes minutes. At 0 they get their fair share. Every Ray the
+# tests start, in process or in a subprocess (the CLI, Flower's simulation, a foreign
+# head), inherits this. The numbers a run gives do not depend on it.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 # The files that take minutes, longest first (`make test` prints the slowest tests). The
 # Makefile hands whole files to its workers in collection order (--no-loadscope-reorder),
@@ -731,44 +737,135 @@ def setup_message(run, token: str):
 # A SuperLink and its nodes in one process (the flower extra) ------------------------------
 
 
-class NodeGrid:
-    """Flower's grid without Flower's runtime: node ``100 + p`` holds client ``p`` and
-    answers a message when it is pulled, as a node of Flower's simulation answers it (one
-    ``NodeHost`` for every node, each node's own ``Context.state``, SecAgg+'s stages
-    first: ``fedkit.flower.runner.answer``). Each message is copied on push, as Flower
-    serialises it (SecAgg+'s workflow hands every node one content object, which Flower's
-    client mod edits)."""
+UNAVAILABLE = "Error: Node Unavailable - the destination node failed to report a heartbeat"
+"""The SuperLink's reason when it answers for a node that stopped sending heartbeats."""
 
-    def __init__(self, partitions: int) -> None:
+
+class NodeGrid:
+    """Flower's grid without Flower's runtime: a SuperLink and its nodes in one process.
+    A node answers a message when it is pulled, as a Flower node answers it
+    (``fedkit.flower.runner.answer``: SecAgg+'s stages first, then its ``NodeHost``, with
+    the node's own ``Context.state``). Each message is copied on push, as Flower
+    serialises it (SecAgg+'s workflow hands every node one content object, which Flower's
+    client mod edits). Node ids count from 100 in the order nodes start (``start``), so
+    node ``100 + p`` holds client ``p`` until a node restarts.
+
+    Without ``root`` all nodes share one ``NodeHost``, as in Flower's simulation; with it
+    each node has its own resident one on ``root/<folder>/memories`` (``node<partition>``
+    unless ``start`` names another), as ``fedkit deploy node`` has. Failures: a ``dead``
+    node gets the SuperLink's "node unavailable" reply (from node id 1, as Flower sends
+    it); a node in ``leave`` dies at SecAgg+'s masked-vector stage, after it shared its
+    keys; ``raising`` holds (node, round) pairs where the node answers that round's
+    messages with an error. ``trained`` lists (node, client) for every train job sent."""
+
+    def __init__(self, partitions: int, root: Path | None = None) -> None:
+        from fedkit.flower.node import NodeHost
+
+        self.root, self.queue, self.next = root, {}, 100
+        self.shared = NodeHost() if root is None else None
+        self.hosts: dict[int, tuple[Any, Any, int]] = {}  # node → NodeHost, state, partition
+        self.dead: set[int] = set()
+        self.leave: set[int] = set()
+        self.raising: set[tuple[int, int]] = set()
+        self.trained: list[tuple[int, int]] = []
+        for partition in range(partitions):
+            self.start(partition)
+
+    def start(self, partition: int, node: int | None = None, folder: str = "") -> int:
+        """A node process for ``partition`` (a new one, as after a restart): a new node id
+        unless ``node`` keeps one, an empty state, memories on ``root/<folder>``."""
         from flwr.app import RecordDict
 
         from fedkit.flower.node import NodeHost
 
-        self.queue: dict[str, Any] = {}
-        self.host = NodeHost()
-        self.states = {100 + p: RecordDict() for p in range(partitions)}
+        if node is None:
+            node, self.next = self.next, self.next + 1
+        host = self.shared
+        if self.root is not None:
+            host = NodeHost(self.root / (folder or f"node{partition}") / "memories", resident=True)
+        self.hosts[node] = (host, RecordDict(), partition)
+        self.dead.discard(node)
+        return node
+
+    def node_of(self, partition: int) -> int:
+        """The newest node holding ``partition``."""
+        return max(n for n, (_, _, p) in self.hosts.items() if p == partition)
 
     def get_node_ids(self) -> list[int]:
-        return sorted(self.states)
+        return sorted(self.hosts)
 
     def push_messages(self, messages: list) -> list[str]:
         import copy
         import uuid
 
+        from fedkit.flower.records import get_meta
+        from fedkit.flower.secagg import CONFIGS
+
         for m in messages:
             m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             self.queue[m.metadata.message_id] = copy.deepcopy(m)
+            if m.metadata.message_type == "train" and CONFIGS not in m.content:
+                self.trained.append((m.metadata.dst_node_id, get_meta(m.content)["client"]))
         return [m.metadata.message_id for m in messages]
 
     def pull_messages(self, ids: list[str]) -> list:
-        from fedkit.flower.runner import answer
+        return [self.reply(self.queue.pop(mid)) for mid in ids if mid in self.queue]
 
-        replies = []
-        for mid in [i for i in ids if i in self.queue]:
-            m = self.queue.pop(mid)
-            node = m.metadata.dst_node_id
-            replies.append(answer(self.host, m, self.states[node], node - 100))
-        return replies
+    def reply(self, m: Any) -> Any:
+        """The answer to ``m``: its node's, or the SuperLink's for a dead node."""
+        from flwr.app import Error, Message, Metadata
+        from flwr.common.constant import ErrorCode
+
+        from fedkit.flower import internals
+        from fedkit.flower.records import get_meta
+        from fedkit.flower.runner import answer
+        from fedkit.flower.secagg import CONFIGS
+
+        node, content = m.metadata.dst_node_id, m.content
+        stage = content[CONFIGS]["stage"] if CONFIGS in content else None
+        if node in self.leave and stage == "collect_masked_vectors":
+            self.dead.add(node)
+        if node in self.dead:
+            meta = Metadata(
+                run_id=m.metadata.run_id, message_id="", src_node_id=1, dst_node_id=1,
+                reply_to_message_id=m.metadata.message_id, group_id="",
+                created_at=time.time(), ttl=0, message_type=m.metadata.message_type,
+            )  # fmt: skip
+            return Message(metadata=meta, error=Error(ErrorCode.NODE_UNAVAILABLE, UNAVAILABLE))
+        at_round = get_meta(content).get("round") if stage is None and self.raising else None
+        if (node, at_round) in self.raising:
+            return internals.error_reply(m, "ValueError: the client raised on purpose")
+        host, state, partition = self.hosts[node]
+        return answer(host, m, state, partition)
+
+
+class GridLink:
+    """The ``flower`` executor's link to a ``NodeGrid`` as to a deployment's SuperLink
+    (``remote``: the nodes keep their clients' memories)."""
+
+    remote = True
+
+    def __init__(self, grid: NodeGrid) -> None:
+        self.grid = grid
+
+    def close(self) -> None: ...
+
+
+def on_grid(grid: NodeGrid) -> Any:
+    """The ``flower`` executor on ``grid``'s nodes (handed to the engine as a value)."""
+    from functools import partial
+
+    from fedkit.flower.flower_executor import FlowerExecutor
+
+    return partial(FlowerExecutor, link=GridLink(grid))
+
+
+def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Messages made here are the ServerApp's (Flower's task identity)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 7), ("_node_id", 1), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
 
 
 def flower_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -778,10 +875,7 @@ def flower_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     start-up."""
     import logging
 
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name, value in (("_run_id", 7), ("_node_id", 1), ("_task_id", 1)):
-        monkeypatch.setattr(TaskIdentity, name, value)
+    server_identity(monkeypatch)
     monkeypatch.setattr(logging.getLogger("flwr"), "level", logging.ERROR)  # as the simulation
 
     class Link:

@@ -6,8 +6,9 @@ keep is on their nodes, not in the run directory; a second run on the same nodes
 files apart and survives a node killed mid-run (a failed client, recorded; the restarted
 node takes back what its client kept and trains again); running the first again with more
 rounds resumes from the checkpoint and the nodes' own files, to the sequential numbers;
-and the SuperLink admits only the nodes whose keys were registered (TLS and node
-authentication, as docs/deploy.md sets them up)."""
+the SuperLink admits only the nodes whose keys were registered (TLS and node
+authentication, as docs/deploy.md sets them up); and a run under SecAgg+ survives a node
+killed mid-protocol, after it shared its keys (issue 51)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ pytest.importorskip(
 from fedkit.flower.node_keys import make_key_pair  # noqa: E402
 
 BIN = Path(sys.executable).parent
+DROPPED = "dropped out of secure aggregation after sharing its keys"
 
 
 def alive(pid: int) -> bool:
@@ -75,6 +77,21 @@ def _record(event, args):
 sys.addaudithook(_record)
 """
 """A node process's ``sitecustomize``: every data file it opens, one line each."""
+
+DIES = """
+import os
+
+import fedkit.flower.secagg
+
+
+def _die(msg, context):
+    os._exit(9)
+
+
+fedkit.flower.secagg.held_vector = _die
+"""
+"""A node process's ``sitecustomize``: it dies (exit 9, at once) the first time SecAgg+
+asks it for its masked vector, after it shared its keys."""
 
 
 def reads(tmp_path: Path, node: int) -> set[str]:
@@ -133,6 +150,9 @@ def federation(tmp_path):
     audit = tmp_path / "audit-hook"
     audit.mkdir()
     (audit / "sitecustomize.py").write_text(READS)
+    dies = tmp_path / "dies-hook"
+    dies.mkdir()
+    (dies / "sitecustomize.py").write_text(DIES)
     for k in range(5):  # the fourth is a real site with its own images (--data)
         reads = {"FEDKIT_TEST_READS": str(tmp_path / f"reads{k}.txt")}
         node_env = {
@@ -150,9 +170,10 @@ def federation(tmp_path):
         ]  # fmt: skip
         procs.append(start_process(node, tmp_path / f"node{k}.log", node_env))
 
-    def kill_and_restart(k: int) -> None:
+    def kill_and_restart(k: int) -> subprocess.Popen:
         """kill -9 node ``k``, then start it again on its folder with the spare key (the
-        SuperLink holds a killed node's key online for a minute: two missed heartbeats)."""
+        SuperLink holds a killed node's key online for a minute: two missed heartbeats);
+        the new process dies when SecAgg+ first asks it for its masked vector (``DIES``)."""
         os.killpg(procs[1 + k].pid, signal.SIGKILL)
         procs[1 + k].wait()
         node = [
@@ -160,7 +181,9 @@ def federation(tmp_path):
             "--partition", str(k), "--dir", str(tmp_path / f"node{k}"),
             "--root-certificates", str(tls["ca"]), "--auth-key", str(keys[5]),
         ]  # fmt: skip
-        procs.append(start_process(node, tmp_path / f"node{k}-restarted.log", env))
+        restarted = {**env, "PYTHONPATH": str(dies)}
+        procs.append(start_process(node, tmp_path / f"node{k}-restarted.log", restarted))
+        return procs[-1]
 
     try:
         yield port, env, procs[-1], kill_and_restart  # the fifth node's key was not registered
@@ -251,7 +274,7 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
         while not (killed / "metrics.jsonl").exists() or not logs.read_metrics(killed):
             assert running.poll() is None and time.monotonic() < deadline, "no round 1"
             time.sleep(0.1)
-        kill_and_restart(1)
+        restarted = kill_and_restart(1)
         output, _ = running.communicate(timeout=300)
     finally:
         stop_processes([running])
@@ -307,3 +330,31 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     assert "Failed to activate SuperNode" in refused
     assert "not admitted: is this key registered (fedkit deploy register)?" in refused
     assert not list((tmp_path / "node4" / "memories").glob("*"))
+
+    # SecAgg+ with a node killed mid-protocol: node 1's restarted process dies when the
+    # protocol asks for its masked vector in round 1, after it shared its keys. The round
+    # sums clients 0 and 2 (their shares rebuild node 1's masks) and fails client 1, the
+    # next goes on without it, and the run ends as usual, its report written.
+    secure = {
+        **raw,
+        "seed": 2,
+        "plugins": ["fedavg"],
+        "federation": {**raw["federation"], "min_clients": 2, "client_timeout": 5},
+        "engine": {"executor": "flower", "secure_aggregation": True},
+        "evaluation": {"protocol": "none"},  # a dead node's evaluation waits the timeout too
+    }
+    (tmp_path / "secure.yaml").write_text(yaml.safe_dump(secure))
+    summed = tmp_path / "server" / "secure"
+    done = subprocess.run(
+        [*command[:3], str(tmp_path / "secure.yaml"), *command[4:6], "--out", "secure",
+         *command[-2:]], env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert restarted.wait(timeout=10) == 9  # it died where DIES kills it
+    rows = logs.read_metrics(summed)
+    assert [row["server_saw"] for row in rows] == ["sum", "sum"]
+    assert [(r["secagg"]["clients"], r["secagg"]["dropped"]) for r in rows] == [(2, [1]), (2, [])]
+    failed = [json.loads(line) for line in (summed / "failures.jsonl").read_text().splitlines()]
+    assert [(f["round"], f["client"]) for f in failed] == [(1, 1), (2, 1)], failed
+    assert failed[0]["error"] == "unavailable: " + DROPPED, failed
+    assert "only the sum" in (summed / "report.html").read_text()

@@ -1,21 +1,19 @@
 """Failures as data on Flower nodes, without processes: a grid whose nodes are real
-``NodeHost``s answering in this process (as ``fedkit deploy node`` answers), which can
-kill a node (the SuperLink then answers for it, from node id 1), restart one with a new
-node id or the same one, or have one raise. A dead node is its client's failure of the
-round, never the run's end; a node that comes back takes back what its client kept and
-trains as if the client had only failed that round; queries name the dead node; and two
-runs on the same nodes keep their files apart, so the first resumes after the second."""
+``NodeHost``s answering in this process (as ``fedkit deploy node`` answers; conftest's
+``NodeGrid``), which can kill a node (the SuperLink then answers for it, from node id
+1), restart one with a new node id or the same one, or have one raise. A dead node is
+its client's failure of the round, never the run's end; a node that comes back takes
+back what its client kept and trains as if the client had only failed that round;
+queries name the dead node; and two runs on the same nodes keep their files apart, so
+the first resumes after the second."""
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import prepared, tiny_recipe
+from conftest import NodeGrid, on_grid, prepared, server_identity, tiny_recipe
 
 from fedkit.config.schema import validate
 from fedkit.core import runs
@@ -27,84 +25,12 @@ pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'fedkit-fl[flower]')"
 )
 
-from flwr.app import Error, Message, Metadata, RecordDict  # noqa: E402
+from flwr.app import RecordDict  # noqa: E402
 from flwr.common.constant import ErrorCode  # noqa: E402
 
 from fedkit.flower import internals  # noqa: E402
-from fedkit.flower.flower_executor import FlowerExecutor, series_of  # noqa: E402
-from fedkit.flower.node import Node, NodeHost, checked_series  # noqa: E402
-from fedkit.flower.records import get_meta  # noqa: E402
-from fedkit.flower.runner import answer  # noqa: E402
-
-UNAVAILABLE = "Error: Node Unavailable - the destination node failed to report a heartbeat"
-
-
-class Grid:
-    """A SuperLink and its nodes in one process. Node ``n`` answers with its own
-    ``NodeHost`` (a resident one, on ``root/node<partition>/memories``) when its message
-    is pulled. ``dead`` nodes get the SuperLink's "node unavailable" reply (sent from node
-    id 1, as Flower sends it); ``raising`` maps (node, round) to an error the node raises
-    instead of answering; ``listed`` is what ``get_node_ids`` answers."""
-
-    def __init__(self, root: Path, partitions: int) -> None:
-        self.root, self.queue, self.next = root, {}, 100
-        self.hosts: dict[int, tuple[NodeHost, RecordDict, int]] = {}
-        self.dead: set[int] = set()
-        self.raising: set[tuple[int, int]] = set()
-        self.pushed: list[Message] = []
-        for partition in range(partitions):
-            self.start(partition)
-
-    def start(self, partition: int, node: int | None = None, folder: str = "") -> int:
-        """A node process for ``partition`` (a new one, as after a restart), with a new
-        node id unless ``node`` keeps one, on ``root/<folder or node{partition}>``."""
-        if node is None:
-            node, self.next = self.next, self.next + 1
-        folder = self.root / (folder or f"node{partition}") / "memories"
-        self.hosts[node] = (NodeHost(folder, resident=True), RecordDict(), partition)
-        self.dead.discard(node)
-        return node
-
-    def node_of(self, partition: int) -> int:
-        return max(n for n, (_, _, p) in self.hosts.items() if p == partition)
-
-    def get_node_ids(self) -> list[int]:
-        return sorted(self.hosts)
-
-    def push_messages(self, messages: list[Message]) -> list[str]:
-        ids = []
-        for m in messages:
-            m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-            self.queue[m.metadata.message_id] = m
-            self.pushed.append(m)
-            ids.append(m.metadata.message_id)
-        return ids
-
-    def pull_messages(self, ids: list[str]) -> list[Message]:
-        return [self.reply(self.queue.pop(mid)) for mid in ids if mid in self.queue]
-
-    def reply(self, m: Message) -> Message:
-        node = m.metadata.dst_node_id
-        if node in self.dead:
-            meta = Metadata(
-                run_id=m.metadata.run_id, message_id="", src_node_id=1, dst_node_id=1,
-                reply_to_message_id=m.metadata.message_id, group_id="",
-                created_at=time.time(), ttl=0, message_type=m.metadata.message_type,
-            )  # fmt: skip
-            return Message(metadata=meta, error=Error(ErrorCode.NODE_UNAVAILABLE, UNAVAILABLE))
-        if (node, get_meta(m.content).get("round")) in self.raising:
-            return internals.error_reply(m, "ValueError: the client raised on purpose")
-        host, state, partition = self.hosts[node]
-        return answer(host, m, state, partition)
-
-
-class Link:
-    remote = True
-
-    def __init__(self, grid: Grid) -> None:
-        self.grid = grid
-
-    def close(self) -> None: ...
+from fedkit.flower.flower_executor import series_of  # noqa: E402
+from fedkit.flower.node import Node, checked_series  # noqa: E402
 
 
 class Before:
@@ -130,24 +56,17 @@ RECIPE = tiny_recipe(
 
 @pytest.fixture
 def grid(tmp_path, monkeypatch):
-    """Three nodes; messages made here are the ServerApp's (Flower's task identity)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name, value in (("_run_id", 7), ("_node_id", 1), ("_task_id", 1)):
-        monkeypatch.setattr(TaskIdentity, name, value)
-    return Grid(tmp_path / "nodes", 3)
+    """Three nodes, each with its own memory folder; messages made here are the
+    ServerApp's (Flower's task identity)."""
+    server_identity(monkeypatch)
+    return NodeGrid(3, tmp_path / "nodes")
 
 
-def nodes(grid: Grid) -> partial:
-    """The ``flower`` executor on ``grid``'s nodes (handed to the engine as a value)."""
-    return partial(FlowerExecutor, link=Link(grid))
-
-
-def execute(grid: Grid, raw, out: Path, act: dict | None = None, overrides=None):
+def execute(grid: NodeGrid, raw, out: Path, act: dict | None = None, overrides=None):
     if out.exists():
-        run, done = runs.resume(out, overrides, nodes(grid))
+        run, done = runs.resume(out, overrides, on_grid(grid))
     else:
-        run, done = runs.start(validate(raw), out, executor=nodes(grid)), 0
+        run, done = runs.start(validate(raw), out, executor=on_grid(grid)), 0
     return runs.execute(run, out, done, Before(act or {}))
 
 
@@ -162,7 +81,7 @@ def without_failures(rows: list[dict]) -> list[dict]:
     return [{k: sorted(v) if k in texts else v for k, v in row.items()} for row in rows]
 
 
-def kill_and_restart(grid: Grid, same_id: bool) -> dict:
+def kill_and_restart(grid: NodeGrid, same_id: bool) -> dict:
     """Round 2: client 1's node is dead (the SuperLink answers for it) or, keeping its
     node id, a new process that holds no setup; round 3: it is back."""
     node = grid.node_of(1)
@@ -188,7 +107,7 @@ def test_a_node_that_dies_fails_its_round_and_rejoins_where_its_client_was(grid,
     assert failed["error"].startswith(f"unavailable: {expected}"), failed
     assert "failures" not in rows[2]  # back in round 3
 
-    other = Grid(tmp_path / "other-nodes", 3)  # the same client raising in round 2 instead
+    other = NodeGrid(3, tmp_path / "other-nodes")  # the same client raising in round 2 instead
     other.raising.add((other.node_of(1), 2))
     reference = tmp_path / "raised"
     execute(other, RECIPE, reference)
@@ -210,10 +129,7 @@ def test_a_second_node_that_cannot_take_the_memory_back_leaves_the_client_where_
     execute(grid, RECIPE, out, {2: lambda: grid.start(0, folder="elsewhere")})  # a twin of node 0
     assert failures(out) == []
     assert "a node joined for client 0 but" in capsys.readouterr().out
-    trained = [m for m in grid.pushed if m.metadata.message_type == "train"]
-    assert {m.metadata.dst_node_id for m in trained if get_meta(m.content)["client"] == 0} == {
-        first
-    }
+    assert {node for node, client in grid.trained if client == 0} == {first}
 
 
 def test_a_queried_node_that_is_gone_is_named_not_a_key_error(grid, tmp_path):
@@ -221,7 +137,7 @@ def test_a_queried_node_that_is_gone_is_named_not_a_key_error(grid, tmp_path):
     SuperLink's reason, as a FedkitError."""
     out = tmp_path / "run"
     raw = {**RECIPE, "federation": {**RECIPE["federation"], "rounds": 1}}
-    run = runs.start(validate(raw), out, executor=nodes(grid))
+    run = runs.start(validate(raw), out, executor=on_grid(grid))
     try:
         grid.dead.add(grid.node_of(2))
         with pytest.raises(FedkitError, match="client 2: unavailable: node unavailable"):

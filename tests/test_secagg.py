@@ -1,22 +1,18 @@
 """Secure aggregation with Flower's SecAgg+ on the ``flower`` executor
 (``engine.secure_aggregation``, ``fedkit/flower/secagg.py``), on an in-process grid whose
-nodes are real ``NodeHost``s answering as ``fedkit deploy node`` answers: the server's
-hooks see only the protocol's mean, the numbers match plain FedAvg within the
-quantisation error, a round survives 30% of its clients dropping after sharing keys,
-and what cannot be summed is refused before round 1."""
+nodes are real ``NodeHost``s answering as ``fedkit deploy node`` answers (conftest's
+``NodeGrid``): the server's hooks see only the protocol's mean, the numbers match plain
+FedAvg within the quantisation error, a round survives 30% of its clients dropping after
+sharing keys, and what cannot be summed is refused before round 1. tests/test_deployment.py
+kills a real node mid-protocol."""
 
 from __future__ import annotations
 
-import copy
-import time
-import uuid
-from functools import partial
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import tiny_recipe
+from conftest import NodeGrid, on_grid, server_identity, tiny_recipe
 
 from fedkit.config.schema import validate
 from fedkit.core import engine
@@ -26,80 +22,14 @@ pytest.importorskip(
     "flwr", reason="the flower extra is not installed (pip install 'fedkit-fl[flower]')"
 )
 
-from flwr.app import Error, Message, Metadata, RecordDict  # noqa: E402
-from flwr.common.constant import ErrorCode  # noqa: E402
-
 from fedkit.flower import secagg  # noqa: E402
-from fedkit.flower.flower_executor import FlowerExecutor  # noqa: E402
-from fedkit.flower.node import NodeHost  # noqa: E402
 from fedkit.flower.records import get_meta  # noqa: E402
-from fedkit.flower.runner import answer  # noqa: E402
-
-COLLECT = "collect_masked_vectors"
-
-
-class Grid:
-    """A SuperLink and its nodes in one process (as tests/test_flower_failures.py's):
-    node ``n`` answers with its own resident ``NodeHost`` when its message is pulled. A
-    node in ``leave`` stops answering at SecAgg+'s masked-vector stage (after it shared
-    its keys) and from then on; the SuperLink answers for it, from node id 1."""
-
-    def __init__(self, root: Path, partitions: int) -> None:
-        self.queue: dict[str, Message] = {}
-        self.hosts = {
-            100 + p: (NodeHost(root / f"node{p}" / "memories", resident=True), RecordDict(), p)
-            for p in range(partitions)
-        }
-        self.leave: set[int] = set()
-        self.dead: set[int] = set()
-
-    def get_node_ids(self) -> list[int]:
-        return sorted(self.hosts)
-
-    def push_messages(self, messages: list[Message]) -> list[str]:
-        """Each message as its node receives it: a copy (Flower serialises it; the
-        workflow hands every node one content object, which Flower's mod edits)."""
-        for m in messages:
-            m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-            self.queue[m.metadata.message_id] = copy.deepcopy(m)
-        return [m.metadata.message_id for m in messages]
-
-    def pull_messages(self, ids: list[str]) -> list[Message]:
-        return [self.reply(self.queue.pop(mid)) for mid in ids if mid in self.queue]
-
-    def reply(self, m: Message) -> Message:
-        node = m.metadata.dst_node_id
-        content = m.content
-        if node in self.leave and secagg.CONFIGS in content:
-            if content[secagg.CONFIGS]["stage"] == COLLECT:
-                self.dead.add(node)
-        if node in self.dead:
-            meta = Metadata(
-                run_id=m.metadata.run_id, message_id="", src_node_id=1, dst_node_id=1,
-                reply_to_message_id=m.metadata.message_id, group_id="",
-                created_at=time.time(), ttl=0, message_type=m.metadata.message_type,
-            )  # fmt: skip
-            return Message(metadata=meta, error=Error(ErrorCode.NODE_UNAVAILABLE, "gone"))
-        host, state, partition = self.hosts[node]
-        return answer(host, m, state, partition)
-
-
-class Link:
-    remote = True
-
-    def __init__(self, grid: Grid) -> None:
-        self.grid = grid
-
-    def close(self) -> None: ...
 
 
 @pytest.fixture
 def identity(monkeypatch):
     """Messages made here are the ServerApp's (Flower's task identity)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name, value in (("_run_id", 7), ("_node_id", 1), ("_task_id", 1)):
-        monkeypatch.setattr(TaskIdentity, name, value)
+    server_identity(monkeypatch)
 
 
 def recipe(secure, clients: int = 3, rounds: int = 2, plugins=("fedavg",), **engine_cfg):
@@ -113,8 +43,8 @@ def recipe(secure, clients: int = 3, rounds: int = 2, plugins=("fedavg",), **eng
     )
 
 
-def run_on(grid: Grid, raw) -> tuple[list[dict], engine.Run]:
-    run = engine.prepare(raw, executor=partial(FlowerExecutor, link=Link(grid)))
+def run_on(grid: NodeGrid, raw) -> tuple[list[dict], engine.Run]:
+    run = engine.prepare(raw, executor=on_grid(grid))
     try:
         return list(engine.rounds(run)), run
     finally:
@@ -151,8 +81,8 @@ def test_the_server_sees_only_the_sum_and_it_matches_plain_fedavg(identity, spie
     tensor dict shared by all), never a client's own; (b) that mean is the clients'
     sample-weighted mean within the quantisation error, and two rounds end where plain
     FedAvg ends within it too. The row says the server saw a sum and what SecAgg+ cost."""
-    rows, run = run_on(Grid(tmp_path / "secure", 3), recipe(True))
-    plain_rows, plain = run_on(Grid(tmp_path / "plain", 3), recipe(False))
+    rows, run = run_on(NodeGrid(3, tmp_path / "secure"), recipe(True))
+    plain_rows, plain = run_on(NodeGrid(3, tmp_path / "plain"), recipe(False))
 
     first = spied["server"][0]
     assert len(first) == 3 and len({id(t) for _, _, t in first}) == 1  # one sum, shared
@@ -186,7 +116,7 @@ def test_a_round_survives_thirty_percent_dropping_after_sharing_keys(identity, s
     """(c) Three of ten clients leave after the key-sharing stage: SecAgg+ removes their
     masks with the others' shares, the round's mean is that of the seven that stayed,
     and the three are the round's failures."""
-    grid = Grid(tmp_path / "nodes", 10)
+    grid = NodeGrid(10, tmp_path / "nodes")
     grid.leave = {101, 104, 108}
     rows, run = run_on(grid, recipe(True, clients=10, rounds=1))
     (row,) = rows
@@ -214,15 +144,15 @@ def test_a_round_survives_thirty_percent_dropping_after_sharing_keys(identity, s
 def test_what_cannot_be_summed_is_refused_before_round_one(identity, tmp_path):
     """(d) A plugin that may need each client's upload (FedNova divides each client's
     change by its own step count) is refused naming it; so is another executor."""
-    grid = Grid(tmp_path / "nodes", 3)
+    grid = NodeGrid(3, tmp_path / "nodes")
     with pytest.raises(RecipeError, match=r"plugins\.1: .*fednova may read each client"):
         engine.prepare(
             recipe(True, plugins=("fedavg", "fednova")),
-            executor=partial(FlowerExecutor, link=Link(grid)),
+            executor=on_grid(grid),
         )
     bad = recipe(True, secure_aggregation={"num_shares": 5, "reconstruction_threshold": 5})
     with pytest.raises(RecipeError, match="SecAgg\\+ accepts: `reconstruction_threshold` must"):
-        engine.prepare(bad, executor=partial(FlowerExecutor, link=Link(grid)))
+        engine.prepare(bad, executor=on_grid(grid))
     with pytest.raises(RecipeError, match="engine.secure_aggregation: expected the flower"):
         validate(tiny_recipe(engine={"executor": "sequential", "secure_aggregation": True}))
     declared = SimpleNamespace(

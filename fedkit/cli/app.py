@@ -588,13 +588,29 @@ def compare(
         str | None,
         typer.Option(help="A recipe key: one row per value, mean ± std over its runs (seeds)."),
     ] = None,
+    x: Annotated[
+        str,
+        typer.Option(
+            "--x",
+            help="Line runs up by round or virtual_time (the virtual clock's seconds, "
+            "systems:): curves against it and the time to reach each accuracy target.",
+        ),
+    ] = "round",
+    target: Annotated[
+        list[float] | None,
+        typer.Option(
+            help="An accuracy target (repeat for several); by default, with --x "
+            "virtual_time, the best accuracy every run reaches and 95% and 90% of it."
+        ),
+    ] = None,
 ) -> None:
     """Compare runs: final and best metrics, bytes, wall time, the recipe keys that
-    differ, curves; also as HTML. --group-by aggregates seeds and orders the groups."""
+    differ, curves; also as HTML. --group-by aggregates seeds and orders the groups;
+    --x virtual_time lines runs up by virtual seconds (sync against async)."""
     from fedkit.cli.compare import compare_runs, markdown
 
     with friendly_errors():
-        tables, ordered, page = compare_runs(run_dirs, out, group_by)
+        tables, ordered, page = compare_runs(run_dirs, out, group_by, x, target)
     for table in tables:
         if as_markdown:
             print(markdown(table) + "\n")

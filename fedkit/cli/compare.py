@@ -7,13 +7,21 @@ every metric they share, as a rich table and as one self-contained HTML page
 per value: every metric's final and best value as mean ± std over the group's runs (its
 seeds), and, for the first accuracy metric, each group against the next best one, paired
 by seed: the mean difference and the exact two-sided p-value of a sign-flip permutation
-test (every sign pattern of the paired differences; no distribution assumed)."""
+test (every sign pattern of the paired differences; no distribution assumed).
+
+``--x virtual_time`` lines runs up by the virtual clock's seconds (``systems:``) instead of
+rounds, which is how a synchronous run and an asynchronous one (whose steps are not
+rounds) compare: the curves are drawn against virtual seconds, the table gains each run's
+final virtual time, and a second table gives the virtual seconds at which each run first
+reaches each accuracy target (``--target``; by default the best accuracy every run
+reaches, and 95 % and 90 % of it), with its ratio to the first run's."""
 
 from __future__ import annotations
 
 import html
 import io
 import itertools
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -26,6 +34,8 @@ from fedkit.errors import FedkitError
 from fedkit.rundir.atomic import write_bytes, write_text
 
 CURVES = (*ACCURACY, "train_loss", "ari")
+AXES = ("round", "virtual_time")
+"""What ``--x`` may line runs up by."""
 
 
 def best(rounds: list[int], values: list[float], key: str) -> tuple[float, int] | None:
@@ -50,6 +60,81 @@ def summarise(data: RunData) -> dict[str, Any]:
     summary = data.summary
     line["seconds"] = summary.get("seconds", summary.get("seconds_this_session"))
     return line
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool): what a curve can plot."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def along(data: RunData, key: str, x: str) -> tuple[list[float], list[float], list[int]]:
+    """A curve against ``x`` (``round`` or ``virtual_time``): the x values, the metric's
+    values and their rounds, over the rows that have both."""
+    rows = [r for r in data.rows if is_number(r.get(key)) and is_number(r.get(x))]
+    return [r[x] for r in rows], [r[key] for r in rows], [r["round"] for r in rows]
+
+
+def need_axis(runs: list[RunData], x: str) -> None:
+    """Refuse an axis some run lacks, naming the run."""
+    if x not in AXES:
+        raise FedkitError(f"--x {x}: expected one of {', '.join(AXES)}")
+    for data in runs:
+        if not any(is_number(r.get(x)) for r in data.rows):
+            raise FedkitError(
+                f"--x {x}: {data.out} has no {x} in its metrics.jsonl (it ran without a "
+                "systems: section, so without the virtual clock); compare it by round, or "
+                "rerun it with systems:"
+            )
+
+
+def reached(data: RunData, key: str, target: float, x: str) -> tuple[float, int] | None:
+    """Where a run first reaches ``target`` on ``key`` (its x value and round), if it does."""
+    for at, value, round_ in zip(*along(data, key, x), strict=True):
+        if value >= target:
+            return at, round_
+    return None
+
+
+def default_targets(runs: list[RunData], key: str) -> list[float]:
+    """The best value every run reaches (the lowest of their bests), and 95 % and 90 % of
+    it, rounded down to 0.01."""
+    top = min(max(data.series(key)[1]) for data in runs)
+    return sorted({math.floor(top * f * 100 + 1e-9) / 100 for f in (0.9, 0.95, 1.0)})
+
+
+def to_targets(runs: list[RunData], x: str, targets: list[float] | None) -> Table | None:
+    """The x value (virtual seconds or round) at which each run first reaches each target
+    of the first accuracy metric every run has, and its ratio to the first run's."""
+    key = next((k for k in ACCURACY if all(data.series(k)[1] for data in runs)), None)
+    if key is None:
+        if targets:
+            shared = ", ".join(ACCURACY)
+            raise FedkitError(f"--target: the runs share no accuracy metric ({shared})")
+        return None
+    unit = "virtual seconds" if x == "virtual_time" else "rounds"
+    title = f"{unit} to reach {key} (the first evaluated round at or above; × the first run's)"
+    table = Table(title=title)
+    for column in (f"{key} ≥", *(data.out.name for data in runs)):
+        table.add_column(column, overflow="fold")
+    for target in sorted(targets) if targets else default_targets(runs, key):
+        cells, first = [f"{target:.4f}"], None
+        for index, data in enumerate(runs):
+            hit = reached(data, key, target, x)
+            if hit is None:
+                cells.append(f"not reached (best {max(data.series(key)[1]):.4f})")
+                continue
+            at, round_ = hit
+            ratio = ""
+            if index == 0:
+                first = at
+            elif first:
+                ratio = f", {at / first:.2f}×"
+            if x == "virtual_time":
+                cells.append(f"{at:.1f} s (round {round_}{ratio})")
+            else:
+                cells.append(f"round {round_}{ratio}")
+        table.add_row(*cells)
+    return table
 
 
 def flat_recipe(text: str) -> dict[str, Any]:
@@ -158,19 +243,27 @@ def markdown(table: Table) -> str:
 
 
 def compare_runs(
-    run_dirs: list[Path], out: Path, group_by: str | None = None
+    run_dirs: list[Path],
+    out: Path,
+    group_by: str | None = None,
+    x: str = "round",
+    targets: list[float] | None = None,
 ) -> tuple[list[Table], list[str], Path]:
-    """Compare runs; returns the tables (with ``group_by``, a second one), the paired
-    orderings and the HTML page's path."""
+    """Compare runs along ``x`` (``round`` or ``virtual_time``); returns the tables (then,
+    with ``group_by``, the grouped one; with ``virtual_time`` or ``targets``, the one to
+    each target), the paired orderings and the HTML page's path."""
     if len(run_dirs) < 2:
         raise FedkitError("give at least two run directories to compare")
     runs = [RunData(path) for path in run_dirs]
+    need_axis(runs, x)
+    virtual = x == "virtual_time"
     lines = [summarise(r) for r in runs]
     recipes = [flat_recipe(r.recipe) for r in runs]
     differ = differences(recipes)
     keys = [k for k in CURVES if any(k in line for line in lines)]
     table = Table(title="fedkit compare")
     columns = ("run", "rounds", *(f"{k} final / best (round)" for k in keys), "MB", "s")
+    columns += ("virtual s",) if virtual else ()
     evaluated = any(r.evaluations for r in runs)
     for column in (*columns, "recipe differences", *(["fedkit eval"] if evaluated else [])):
         table.add_column(column, overflow="fold")
@@ -183,6 +276,8 @@ def compare_runs(
                 "–" if c is None else f"{c['final']:.4f} / {c['best']:.4f} ({c['best_round']})"
             )
         cells += [f"{line['MB']:.1f}", "–" if line["seconds"] is None else f"{line['seconds']:.0f}"]
+        if virtual:
+            cells.append(f"{along(data, 'round', x)[0][-1]:.1f}")
         cells.append("; ".join(f"{k}={recipe.get(k, '–')}" for k in differ) or "–")
         if evaluated:
             cells.append(latest_evaluations(data))
@@ -193,13 +288,13 @@ def compare_runs(
     for key in keys:
         fig, ax = plt.subplots(figsize=(7, 3.4))
         for index, data in enumerate(runs):  # a run's colour is its place in the list
-            rounds, values = data.series(key)
+            xs, values, _ = along(data, key, x)
             if values:
                 ax.plot(
-                    rounds, values, marker="o", markersize=3, label=data.out.name,
+                    xs, values, marker="o", markersize=3, label=data.out.name,
                     color=f"C{index % 10}",
                 )  # fmt: skip
-        ax.set(xlabel="round", ylabel=key, title=key)
+        ax.set(xlabel="virtual seconds" if virtual else "round", ylabel=key, title=key)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         buffer = io.BytesIO()
@@ -217,7 +312,12 @@ def compare_runs(
     if group_by is not None:
         by_group, ordered = grouped(runs, group_by)
         tables.append(by_group)
-        extra = html_table(by_group) + "".join(f"<p>{html.escape(x)}</p>" for x in ordered)
+        extra = html_table(by_group) + "".join(f"<p>{html.escape(o)}</p>" for o in ordered)
+    if virtual or targets:
+        reach = to_targets(runs, x, targets)
+        if reach is not None:
+            tables.append(reach)
+            extra += html_table(reach)
     figures = "".join(figure(k, p) for k, p in images.items())
     target = out / "compare.html"
     write_text(

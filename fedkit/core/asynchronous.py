@@ -28,7 +28,7 @@ from torch import Tensor
 
 from fedkit.config.schema import Recipe
 from fedkit.core import reply_checks
-from fedkit.core.clock import PROBES, Clock
+from fedkit.core.clock import Clock
 from fedkit.core.messages import ClientResult
 from fedkit.errors import RecipeError, RoundFailed
 from fedkit.plugin.manager import Plugins
@@ -131,19 +131,7 @@ class Flight:
         rng = np.random.default_rng(derive(self.seed, "sample", round, attempt))
         spec = self.clock.cfg.availability
         for _ in range(math.ceil(spec.period / spec.wait) + 1):
-            chosen: list[int] = []
-            seen: set[int] = set()
-            for _ in range(PROBES * wanted):
-                if len(chosen) == wanted or len(seen) == n:
-                    break
-                j = int(rng.integers(n))
-                if j in seen:
-                    continue
-                seen.add(j)
-                client = j if eligible is None else int(eligible[j])
-                reachable = self.clock.availability.until(client, self.clock.now) is not None
-                if client not in busy and reachable:
-                    chosen.append(client)
+            chosen = self.clock.probe(rng, wanted, n, eligible, busy)
             if chosen or self.jobs or wanted == 0 or attempt > 0:
                 return sorted(chosen)
             self.clock.now += spec.wait

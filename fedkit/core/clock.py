@@ -20,7 +20,7 @@ in checkpoints, so a resumed run samples and times exactly as an uninterrupted o
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -122,6 +122,31 @@ class Clock:
         """Clients to sample: ceil(clients_per_round × over_selection), at most all."""
         return min(population, math.ceil(self.k * self.cfg.over_selection - 1e-9))
 
+    def probe(
+        self,
+        rng: np.random.Generator,
+        wanted: int,
+        n: int,
+        eligible: Sequence[int] | None,
+        busy: Collection[int] = (),
+    ) -> list[int]:
+        """Up to ``wanted`` clients reachable now and not ``busy``, drawn one by one from
+        ``rng`` among the ``n`` eligible (``eligible``, or ids ``0..n-1``): at most
+        ``PROBES`` candidates per wanted client, so the work follows the cohort."""
+        chosen: list[int] = []
+        seen: set[int] = set()
+        for _ in range(PROBES * wanted):
+            if len(chosen) == wanted or len(seen) == n:
+                break
+            j = int(rng.integers(n))
+            if j in seen:
+                continue
+            seen.add(j)
+            client = j if eligible is None else int(eligible[j])
+            if client not in busy and self.availability.until(client, self.now) is not None:
+                chosen.append(client)
+        return chosen
+
     def sample(self, round: int, eligible: Sequence[int] | None, population: int) -> list[int]:
         """The round's clients among those reachable now (``eligible``: by default every one
         of ``population``). Always reachable: a uniform draw, the same as without the clock
@@ -137,18 +162,7 @@ class Clock:
             return sorted(int(c) for c in rng.choice(pool, size=m, replace=False))
         spec = self.cfg.availability
         for _ in range(math.ceil(spec.period / spec.wait) + 1):
-            chosen: list[int] = []
-            seen: set[int] = set()
-            for _ in range(PROBES * m):
-                if len(chosen) == m or len(seen) == n:
-                    break
-                j = int(rng.integers(n))
-                if j in seen:
-                    continue
-                seen.add(j)
-                client = j if eligible is None else int(eligible[j])
-                if self.availability.until(client, self.now) is not None:
-                    chosen.append(client)
+            chosen = self.probe(rng, m, n, eligible)
             if chosen:
                 return sorted(chosen)
             self.now += spec.wait
