@@ -52,14 +52,14 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 # Makefile hands whole files to its workers in collection order (--no-loadscope-reorder),
 # so starting these first keeps one long file from running alone at the end.
 SLOWEST_FIRST = (
-    "test_foreign_ray.py",
     "test_deployment.py",
+    "test_chaos_soak.py",
+    "test_foreign_ray.py",
     "test_flower.py",
     "test_ray_faults.py",
     "test_packaging.py",
-    "test_chaos_soak.py",
-    "test_executors.py",
     "test_sweep.py",
+    "test_executors.py",
     "test_node_restarts.py",
 )
 
