@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import re
-from pathlib import Path
 
 import pytest
-from tutorials import TUTORIALS, run_tutorial, with_settings
+from tutorials import TUTORIALS, metrics_rows, run_tutorial, runs_shrunk
 
 pytestmark = pytest.mark.slow  # executes a tutorial end to end
 
@@ -25,21 +23,10 @@ SMALL = [
 ]
 
 
-def shrunk(args: list[str]) -> list[str]:
-    """Fresh runs get one round on less data and no report; other commands as written."""
-    if args[0] != "run":
-        return args
-    return [*with_settings(args, SMALL), "--no-report"]
-
-
-def rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").open()]
-
-
 def test_robustness_tutorial(tmp_path, monkeypatch):
-    done = run_tutorial(PAGE, shrunk, tmp_path, monkeypatch)
+    done = run_tutorial(PAGE, runs_shrunk(SMALL), tmp_path, monkeypatch)
     runs = tmp_path / "runs"
-    clean, attacked, krum = (rows(runs / name) for name in RUNS)
+    clean, attacked, krum = (metrics_rows(runs / name) for name in RUNS)
     # the attack ruins FedAvg; Multi-Krum keeps it within reach of the clean run
     final = {n: r[-1]["test_accuracy"] for n, r in zip(RUNS, (clean, attacked, krum), strict=True)}
     assert final["attacked"] < 0.2 and final["clean"] > final["attacked"] + 0.3

@@ -9,10 +9,9 @@ import io
 import itertools
 import json
 import re
-from pathlib import Path
 
 import pytest
-from tutorials import TUTORIALS, run_tutorial, with_settings
+from tutorials import TUTORIALS, metrics_rows, run_tutorial, runs_shrunk
 
 pytestmark = pytest.mark.slow  # executes a tutorial end to end
 
@@ -27,27 +26,19 @@ SMALL = [
 ]
 
 
-def shrunk(args: list[str]) -> list[str]:
-    """Runs get two rounds (steps) on less data and no report; compare as written."""
-    if args[0] != "run":
-        return args
-    return [*with_settings(args, SMALL), "--no-report"]
-
-
-def rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").open()]
-
-
 def test_systems_tutorial(tmp_path, monkeypatch):
-    done = run_tutorial(PAGE, shrunk, tmp_path, monkeypatch)
+    done = run_tutorial(PAGE, runs_shrunk(SMALL), tmp_path, monkeypatch)
     assert [args[0] for args, _ in done] == ["run", "run", "run", "compare"]
-    sync, fedbuff = rows(tmp_path / "runs" / "sync"), rows(tmp_path / "runs" / "fedbuff")
+    sync, fedbuff = (
+        metrics_rows(tmp_path / "runs" / "sync"),
+        metrics_rows(tmp_path / "runs" / "fedbuff"),
+    )
     for run in (sync, fedbuff):  # the clock runs on: virtual seconds only go forward
         times = [row["virtual_time"] for row in run]
         assert times == sorted(times) and times[0] > 0
     assert all("staleness" in row for row in fedbuff) and fedbuff[-1]["staleness_max"] >= 1
     assert not any("staleness" in row for row in sync)
-    tight = [0.0] + [row["virtual_time"] for row in rows(tmp_path / "runs" / "sync-10")]
+    tight = [0.0] + [row["virtual_time"] for row in metrics_rows(tmp_path / "runs" / "sync-10")]
     steps = [b - a for a, b in itertools.pairwise(tight)]
     assert all(0 < step <= 10.0 + 1e-6 for step in steps), steps  # its deadline: 10 s
     # compare lined the runs up by virtual time: a row per target, each run's seconds in it

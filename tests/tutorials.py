@@ -5,6 +5,7 @@ tiny ``--set`` overrides so the commands finish in seconds on the digits data.""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -34,6 +35,21 @@ def commands(page: Path) -> list[list[str]]:
 def with_settings(args: list[str], settings: list[str]) -> list[str]:
     """``args`` followed by ``--set`` for each setting."""
     return [*args, *(x for item in settings for x in ("--set", item))]
+
+
+def runs_shrunk(settings: list[str]) -> Callable[[list[str]], list[str]]:
+    """A ``shrink`` for ``run_tutorial``: each ``fedkit run`` gets ``settings`` and no
+    report; other commands run as written."""
+
+    def shrink(args: list[str]) -> list[str]:
+        return [*with_settings(args, settings), "--no-report"] if args[0] == "run" else args
+
+    return shrink
+
+
+def metrics_rows(run: Path) -> list[dict]:
+    """A run directory's metrics rows."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").open()]
 
 
 def run_tutorial(
