@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -80,8 +81,16 @@ sys.addaudithook(_record)
 
 DIES = """
 import os
+import time
 
+import fedkit.cli.app
+import fedkit.flower.node
+import fedkit.flower.runner
 import fedkit.flower.secagg
+import fedkit.plugin.entrypoints
+
+for _plugin in fedkit.plugin.entrypoints.discover().values():
+    _plugin.load()
 
 
 def _die(msg, context):
@@ -89,9 +98,16 @@ def _die(msg, context):
 
 
 fedkit.flower.secagg.held_vector = _die
+_gate = os.environ["FEDKIT_TEST_GATE"]
+open(_gate + ".ready", "w").close()
+while not os.path.exists(_gate):
+    time.sleep(0.02)
 """
-"""A node process's ``sitecustomize``: it dies (exit 9, at once) the first time SecAgg+
-asks it for its masked vector, after it shared its keys."""
+"""A node process's ``sitecustomize``: it imports what a node needs, says so
+(``$FEDKIT_TEST_GATE.ready``) and waits for ``$FEDKIT_TEST_GATE`` before it goes on to
+connect (a node started again then joins within a second, however loaded the machine
+is); it dies (exit 9, at once) the first time SecAgg+ asks it for its masked vector,
+after it shared its keys."""
 
 
 def reads(tmp_path: Path, node: int) -> set[str]:
@@ -170,23 +186,39 @@ def federation(tmp_path):
         ]  # fmt: skip
         procs.append(start_process(node, tmp_path / f"node{k}.log", node_env))
 
-    def kill_and_restart(k: int) -> subprocess.Popen:
-        """kill -9 node ``k``, then start it again on its folder with the spare key (the
-        SuperLink holds a killed node's key online for a minute: two missed heartbeats);
-        the new process dies when SecAgg+ first asks it for its masked vector (``DIES``)."""
-        os.killpg(procs[1 + k].pid, signal.SIGKILL)
-        procs[1 + k].wait()
+    def spare(k: int) -> Callable[[], subprocess.Popen]:
+        """Start node ``k``'s replacement on its folder with the spare key (the SuperLink
+        holds a killed node's key online for a minute: two missed heartbeats), waiting
+        at its gate with its imports done; the function returned kills node ``k`` (-9)
+        and opens the gate ``after`` seconds later: after the server sent the round under
+        way to the dead node (it does so within milliseconds of writing the previous
+        round's row) and long before that round's client_timeout ends, so the new node
+        joins for the next round, however loaded the machine is. The new process dies
+        when SecAgg+ first asks it for its masked vector (``DIES``)."""
+        gate = tmp_path / f"gate{k}"
         node = [
             str(BIN / "fedkit"), "deploy", "node", "--superlink", f"127.0.0.1:{port}",
             "--partition", str(k), "--dir", str(tmp_path / f"node{k}"),
             "--root-certificates", str(tls["ca"]), "--auth-key", str(keys[5]),
         ]  # fmt: skip
-        restarted = {**env, "PYTHONPATH": str(dies)}
+        restarted = {**env, "PYTHONPATH": str(dies), "FEDKIT_TEST_GATE": str(gate)}
         procs.append(start_process(node, tmp_path / f"node{k}-restarted.log", restarted))
-        return procs[-1]
+        waiting, deadline = procs[-1], time.monotonic() + 120
+        while not Path(f"{gate}.ready").exists():
+            assert waiting.poll() is None and time.monotonic() < deadline, "no spare node"
+            time.sleep(0.05)
+
+        def kill_and_restart(after: float) -> subprocess.Popen:
+            os.killpg(procs[1 + k].pid, signal.SIGKILL)
+            procs[1 + k].wait()
+            time.sleep(after)
+            gate.touch()
+            return waiting
+
+        return kill_and_restart
 
     try:
-        yield port, env, procs[-1], kill_and_restart  # the fifth node's key was not registered
+        yield port, env, procs[-1], spare  # the fifth node's key was not registered
     finally:
         # the nodes first, so none is left asking a SuperLink that is gone
         stop_processes(procs[1:])
@@ -199,7 +231,7 @@ def federation(tmp_path):
 def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     federation, tmp_path
 ):
-    port, env, intruder, kill_and_restart = federation
+    port, env, intruder, spare = federation
     raw = tiny_recipe(
         federation={"rounds": 2, "clients_per_round": 3},
         plugins=["fedavg", "fedbn"],
@@ -265,6 +297,7 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
     (tmp_path / "lossy.yaml").write_text(yaml.safe_dump(lossy))
     killed = tmp_path / "server" / "killed"
     second = [command[0], *command[1:3], str(tmp_path / "lossy.yaml"), *command[4:6]]
+    kill_and_restart = spare(1)
     running = subprocess.Popen(
         [*second, "--out", "killed", *command[-2:]], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -274,7 +307,7 @@ def test_a_deployment_gives_the_sequential_numbers_and_keeps_memories_on_nodes(
         while not (killed / "metrics.jsonl").exists() or not logs.read_metrics(killed):
             assert running.poll() is None and time.monotonic() < deadline, "no round 1"
             time.sleep(0.1)
-        restarted = kill_and_restart(1)
+        restarted = kill_and_restart(after=3.0)  # of client_timeout 8 s
         output, _ = running.communicate(timeout=300)
     finally:
         stop_processes([running])

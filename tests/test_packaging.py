@@ -3,8 +3,9 @@
 - Every folder of Python code under ``fedkit/``, ``plugins/`` and ``recipes/`` is a package
   that ``pyproject.toml`` lists (setuptools cannot discover ``plugins/`` as
   ``fedkit_plugins``), and the built wheel holds every module and every recipe.
-- The wheel, installed in a fresh virtual environment outside the checkout, runs a Flower
-  round and ``fedkit deploy --help`` with the checkout not importable. The environment
+- The wheel, installed in a fresh virtual environment outside the checkout, imports every
+  one of its modules (``fedkit.flower`` with Flower's), runs a round and answers
+  ``fedkit deploy --help`` with the checkout not importable. The environment
   borrows the dependencies (torch, Ray, Flower...) from this one through a folder of links
   that leaves out this environment's own fedkit, so the test takes seconds, not a download.
 - The distribution is ``fedkit-fl``: ``fedkit`` on the package index is another project's,
@@ -122,7 +123,7 @@ def lend_dependencies(venv_site: Path, lent: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_wheel_installed_in_a_fresh_venv_runs_flower_and_deploy(wheel, tmp_path):
+def test_the_wheel_installed_in_a_fresh_venv_imports_every_module_and_runs(wheel, tmp_path):
     pytest.importorskip("flwr", reason="the flower extra is not installed")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -178,12 +179,26 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_flower_and_deploy(wheel, tmp_p
     assert listed.returncode == 0, listed.stderr
     shipped = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     assert [name for name in shipped if name not in listed.stdout] == []
+    imported = call(
+        str(python),
+        "-c",
+        "import importlib, pkgutil, fedkit, fedkit_plugins\n"
+        "names = [m.name for p in (fedkit, fedkit_plugins)"
+        " for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.')"
+        " if not m.name.endswith('.__main__')]\n"
+        "[importlib.import_module(name) for name in names]\n"
+        "print(len(names), *sorted(n for n in names if n.startswith('fedkit.flower.')))",
+    )
+    assert imported.returncode == 0, imported.stderr[-4000:]
+    count, *flower = imported.stdout.split()
+    modules = [p for p in source_files(ROOT / "fedkit") if p.suffix == ".py"]
+    assert "fedkit.flower.runner" in flower and int(count) >= len(modules) - 1  # __main__
     helped = call(fedkit, "deploy", "--help")
     assert helped.returncode == 0, helped.stderr
     assert all(command in helped.stdout for command in ("node", "app", "run"))
     out = tmp_path / "run"
     ran = call(
-        fedkit, "run", "quickstart", "--set", "federation.rounds=1", "--executor", "flower",
+        fedkit, "run", "quickstart", "--set", "federation.rounds=1",
         "--out", str(out), "-q", "--no-report",
         # a smaller round (the quickstart's defaults take 2-3 times as long under load)
         "--set", "federation.local_epochs=1", "--set", "data.max_train=300",
