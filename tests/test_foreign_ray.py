@@ -141,9 +141,19 @@ def alive(head: Head) -> None:
     assert answer.returncode == 0, answer.stdout + answer.stderr
 
 
-def test_without_an_address_a_run_starts_a_ray_of_its_own():
+def test_without_an_address_a_run_starts_a_ray_of_its_own(monkeypatch):
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
     own = init_options(EngineConfig(num_cpus=1.5, num_gpus=0.5), workers=2)
-    assert own == {"address": "local", "include_dashboard": False, "num_cpus": 3, "num_gpus": 1}
+    nice = {"_system_config": {"worker_niceness": 0}}  # decision 0028
+    assert own == {
+        "address": "local",
+        "include_dashboard": False,
+        "num_cpus": 3,
+        "num_gpus": 1,
+        **nice,
+    }
+    monkeypatch.setenv("RAY_worker_niceness", "15")  # the user's word decides
+    assert "_system_config" not in init_options(EngineConfig(), workers=1)
     joined = init_options(EngineConfig(address="auto", num_cpus=2), workers=4)
     assert joined == {"address": "auto"}  # the cluster's owner chose its size
 

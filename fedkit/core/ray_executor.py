@@ -73,15 +73,22 @@ def init_options(engine: EngineConfig, workers: int) -> dict[str, Any]:
     only that: the run joins the cluster, whose size is its owner's (Ray refuses sizes
     there). ``auto`` is Ray's own search (``RAY_ADDRESS``, then the last ``ray start``);
     ``HOST:PORT`` or ``ray://HOST:PORT`` names the cluster, and ``RAY_ADDRESS`` is ignored.
+
+    A Ray of the run's own starts its workers at nice 0, as the sequential executor trains,
+    not at Ray's default 15, which on a busy machine leaves them a small fraction of a core
+    (decision 0028); ``RAY_worker_niceness`` in the environment still decides when set.
     """
     if engine.address is not None:
         return {"address": engine.address}
-    return {
+    own = {
         "address": "local",
         "include_dashboard": False,
         "num_cpus": max(1, int(round(workers * engine.num_cpus))),
         "num_gpus": int(round(workers * engine.num_gpus + 0.4999)),
     }
+    if "RAY_worker_niceness" not in os.environ:
+        own["_system_config"] = {"worker_niceness": 0}
+    return own
 
 
 START_DEATHS = 3
