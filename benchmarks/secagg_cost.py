@@ -11,8 +11,9 @@ parameters; the server receives the mean). The recipe is fedkit's tiny test reci
 test ResNet at 16×16 on the embedded digits, 300 images split IID), evaluation off, so a
 round is the clients' training plus, with SecAgg+, the protocol's four stages. Round 1
 is a warm-up; the table gives the mean over the later rounds of a round's seconds, the
-bytes the ledger booked (the model down and up), and SecAgg+'s own messages and bytes
-(``secagg`` in the metrics row: every protocol message and reply).
+bytes the ledger booked (the plain run's model down and up), and SecAgg+'s own messages
+and bytes (``secagg`` in the metrics row: every protocol message and reply; the ledger
+books the same bytes per client in its ``secagg`` category, decision 0029).
 
 ``--quickstart`` is the issue's accuracy check instead: the shipped quickstart recipe
 (``recipes/quickstart.yaml``: 10 clients, Dirichlet(0.5), all of them every round, 20

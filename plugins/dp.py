@@ -8,9 +8,10 @@ its K uploads, unweighted so that one client moves the mean by at most C/K
 (``aggregate``; the noise generator is seeded per round and cluster, so runs resume
 exactly). Integer buffers keep the core default.
 
-The privacy spent is accounted with opacus's ``accountant`` (``rdp``, or ``prv``) for
-``rounds`` steps of the subsampled Gaussian mechanism with sampling rate q =
-clients_per_round / num_clients and noise multiplier σ. ε at round r is a function of
+The privacy spent is accounted with opacus's ``accountant`` (``rdp``, or ``prv``;
+through ``_privacy``, which ``dpsgd`` shares) for ``rounds`` steps of the subsampled
+Gaussian mechanism with sampling rate q = clients_per_round / num_clients and noise
+multiplier σ. ε at round r is a function of
 (σ, q, r, δ) alone, so a resumed run continues the same accounting. Each round, ε (at
 ``delta``) goes to the metrics row (``dp_epsilon``) and to the ledger's ``privacy``
 entry (level ``client``). With ``target_epsilon`` and no ``noise_multiplier``, σ is
@@ -26,9 +27,6 @@ clients per round, the usual approximation (decision 0021). Uploads of non-model
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -36,48 +34,23 @@ from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor
 
 from fedkit import ClientContext, PluginOptions, RecipeError, Server, Upload, derive, hookimpl
+from fedkit_plugins._privacy import RDP_ORDERS, epsilon
+from fedkit_plugins._privacy import calibrated_noise as shared_calibration
 
 DEFAULT_NOISE = 1.0
 """σ when neither ``noise_multiplier`` nor ``target_epsilon`` is given."""
 CALIBRATION_TOLERANCE = 1e-3
 """Calibration stops once ε is within this fraction of the target (below it, never above)."""
-RDP_ORDERS = tuple(range(2, 257))
-"""The RDP orders α the ``rdp`` accountant minimises ε over: integers, where the RDP of
-the subsampled Gaussian is a finite sum that opacus and Google's dp-accounting compute
-alike (at fractional orders they evaluate an infinite series differently and part by up
-to 0.1 in ε; decision 0021); up to 256, so small budgets find their order."""
 
 
 def accountant_epsilon(
     noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str = "rdp"
 ) -> float:
     """ε after ``steps`` rounds of the subsampled Gaussian mechanism, from opacus's
-    ``accountant`` (``rdp`` or ``prv``); 0 before any round, ∞ without noise."""
-    if steps == 0:
-        return 0.0
-    if noise_multiplier == 0:
-        return math.inf
-    from opacus.accountants import create_accountant
-
-    counter = create_accountant(mechanism=accountant)
-    counter.history = [(noise_multiplier, sample_rate, steps)]
-    with quiet():
-        return float(counter.get_epsilon(delta=delta, **orders(accountant)))
-
-
-def orders(accountant: str) -> dict[str, tuple[int, ...]]:
-    """The ``alphas`` argument for opacus's RDP accountant (none for the others)."""
-    return {"alphas": RDP_ORDERS} if accountant == "rdp" else {}
-
-
-@contextmanager
-def quiet() -> Iterator[None]:
-    """Silence the accountants' warnings at the edges of their range ("optimal order is
-    the smallest/largest alpha", PRV's overflows when there is barely any noise)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
+    ``accountant`` (``rdp`` or ``prv``, at ``RDP_ORDERS``); 0 before any round, ∞ without
+    noise."""
+    history = [(noise_multiplier, sample_rate, steps)]
+    return epsilon(history, delta, accountant=accountant, orders=RDP_ORDERS)
 
 
 def calibrated_noise(
@@ -85,20 +58,15 @@ def calibrated_noise(
 ) -> float:
     """The σ with which ``steps`` rounds spend at most ``target_epsilon``: opacus's own
     calibration (a bisection on its accountant), to ``CALIBRATION_TOLERANCE``."""
-    from opacus.accountants.utils import get_noise_multiplier
-
-    with quiet():
-        return float(
-            get_noise_multiplier(
-                target_epsilon=target_epsilon,
-                target_delta=delta,
-                sample_rate=sample_rate,
-                steps=steps,
-                accountant=accountant,
-                epsilon_tolerance=CALIBRATION_TOLERANCE * target_epsilon,
-                **orders(accountant),
-            )
-        )
+    return shared_calibration(
+        target_epsilon,
+        delta,
+        sample_rate,
+        steps,
+        accountant=accountant,
+        orders=RDP_ORDERS,
+        tolerance=CALIBRATION_TOLERANCE * target_epsilon,
+    )
 
 
 def first_round_over(

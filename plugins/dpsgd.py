@@ -21,10 +21,11 @@ takes the hooks off and does the accounting. A plugin that runs its own loop
 
 Accounting: each round adds (σ, q, steps) to the client's history in ``ctx.state`` (plain
 JSON, checkpointed, so a resumed run continues it), with q = batch_size / n; the client's
-ε at ``delta`` from opacus's RDP accountant over that history is logged as
-``dpsgd_epsilon`` (per client in ``clients.jsonl``). The accountant assumes Poisson
-sampling; fedkit's batches are a shuffled partition into fixed-size batches, so ε is the
-customary approximation for shuffled DP-SGD, not a proof for it (docs/plugins.md).
+ε at ``delta`` from opacus's RDP accountant over that history (through ``_privacy``,
+which ``dp`` shares) is logged as ``dpsgd_epsilon`` (per client in ``clients.jsonl``).
+The accountant assumes Poisson sampling; fedkit's batches are a shuffled partition into
+fixed-size batches, so ε is the customary approximation for shuffled DP-SGD, not a proof
+for it (docs/plugins.md).
 
 BatchNorm mixes the samples of a batch, so a per-sample gradient does not exist with it:
 a model with BatchNorm (or any trained layer with buffers) is refused before round 1.
@@ -44,6 +45,8 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedkit import ClientContext, FedkitError, PluginOptions, RecipeError, Server, derive, hookimpl
+from fedkit_plugins._privacy import OPACUS_ORDERS, OPACUS_TOLERANCE, calibrated_noise
+from fedkit_plugins._privacy import epsilon as accountant_epsilon
 
 STATE = "dpsgd"
 """Where a client keeps its accounting in ``ctx.state``: ``history`` ([σ, q, steps] rows)
@@ -72,18 +75,8 @@ def unsupported_layers(model: nn.Module) -> list[str]:
 
 def epsilon(history: list[list[float]], delta: float) -> float:
     """ε at ``delta`` after the steps in ``history`` ([σ, q, steps] rows), from opacus's
-    RDP accountant (infinite once any step had no noise)."""
-    if any(sigma == 0 for sigma, _, steps in history if steps > 0):
-        return math.inf
-    from opacus.accountants import RDPAccountant
-
-    accountant = RDPAccountant()
-    accountant.history = [(sigma, q, int(steps)) for sigma, q, steps in history if steps > 0]
-    if not accountant.history:
-        return 0.0
-    with warnings.catch_warnings():  # "optimal order is the largest alpha": tiny ε anyway
-        warnings.simplefilter("ignore", UserWarning)
-        return float(accountant.get_epsilon(delta=delta))
+    RDP accountant at its default orders (infinite once any step had no noise)."""
+    return accountant_epsilon(history, delta, orders=OPACUS_ORDERS)
 
 
 def recorded(history: list[list[float]], sigma: float, q: float, steps: int) -> list[list[float]]:
@@ -108,18 +101,10 @@ def planned_steps(ctx: ClientContext) -> int:
 @lru_cache(maxsize=64)
 def calibrated(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
     """σ for which opacus's RDP accountant gives at most ``target_epsilon`` after ``steps``
-    steps at ``sample_rate`` (opacus's ``get_noise_multiplier``; clients of one size share
-    the answer)."""
-    from opacus.accountants.utils import get_noise_multiplier
-
-    return float(
-        get_noise_multiplier(
-            target_epsilon=target_epsilon,
-            target_delta=delta,
-            sample_rate=sample_rate,
-            steps=steps,
-            accountant="rdp",
-        )
+    steps at ``sample_rate`` (opacus's ``get_noise_multiplier`` at its default orders and
+    tolerance; clients of one size share the answer)."""
+    return calibrated_noise(
+        target_epsilon, delta, sample_rate, steps, orders=OPACUS_ORDERS, tolerance=OPACUS_TOLERANCE
     )
 
 

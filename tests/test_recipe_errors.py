@@ -127,6 +127,16 @@ CASES = {
     "plugins_not_a_list": (tiny_recipe(plugins="fedavg"), ["plugins"]),
     "plugin_twice": (tiny_recipe(plugins=["fedavg", "fedavg"]), ["plugins.1", "each plugin once"]),
     "no_plugins": (tiny_recipe(plugins=[]), ["plugins", "at least one plugin"]),
+    "async_on_flower": (
+        tiny_recipe(engine={"executor": "flower"}, systems={"mode": "async"}),
+        ["systems.mode: expected async with a simulation executor"],
+    ),
+    "clock_with_secure_sums": (
+        tiny_recipe(
+            engine={"executor": "flower", "secure_aggregation": True}, systems={"deadline": 5}
+        ),
+        ["engine.secure_aggregation: expected false with the virtual clock", "summed"],
+    ),
 }
 
 

@@ -429,6 +429,12 @@ def test_the_privacy_panel_says_what_the_server_saw_and_what_secure_aggregation_
     plt.close(fig)
     assert labels == ["down_model", "up_model", "SecAgg+ down", "SecAgg+ up"]
     assert heights[-3:] == [6.0, 0.5, 0.0]  # SecAgg+ up per round; round 3 had none
+    ledgered = {"down_model": 3 * mb, "down_secagg": mb, "up_secagg": 6 * mb}  # decision 0029
+    (root / "metrics.jsonl").write_text(json.dumps({**rows[0], "bytes": ledgered}) + "\n")
+    fig = bytes_plot(plt, RunData(root))
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    plt.close(fig)
+    assert labels == ["down_model", "down_secagg", "up_secagg"]  # not stacked twice
 
     dp = {"epsilon": 0.5, "delta": 1e-05, "accountant": "rdp"}
     (root / "metrics.jsonl").write_text(json.dumps({"round": 1, "privacy": {"client": dp}}))

@@ -2,9 +2,9 @@
 (``engine.secure_aggregation``, ``fedkit/flower/secagg.py``), on an in-process grid whose
 nodes are real ``NodeHost``s answering as ``fedkit deploy node`` answers (conftest's
 ``NodeGrid``): the server's hooks see only the protocol's mean, the numbers match plain
-FedAvg within the quantisation error, a round survives 30% of its clients dropping after
-sharing keys, and what cannot be summed is refused before round 1. tests/test_deployment.py
-kills a real node mid-protocol."""
+FedAvg within the quantisation error, the ledger books each client's protocol bytes, a
+round survives 30% of its clients dropping after sharing keys, and what cannot be summed
+is refused before round 1. tests/test_deployment.py kills a real node mid-protocol."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def test_the_server_sees_only_the_sum_and_it_matches_plain_fedavg(identity, spie
     """(a) Every upload the server's hooks get in a SecAgg+ round is the round's mean (one
     tensor dict shared by all), never a client's own; (b) that mean is the clients'
     sample-weighted mean within the quantisation error, and two rounds end where plain
-    FedAvg ends within it too. The row says the server saw a sum and what SecAgg+ cost."""
+    FedAvg ends within it too. The row says the server saw a sum and what SecAgg+ cost;
+    (c) the ledger books that cost per client."""
     rows, run = run_on(NodeGrid(3, tmp_path / "secure"), recipe(True))
     plain_rows, plain = run_on(NodeGrid(3, tmp_path / "plain"), recipe(False))
 
@@ -110,6 +111,23 @@ def test_the_server_sees_only_the_sum_and_it_matches_plain_fedavg(identity, spie
     model = sum(v.nbytes for v in mean.values())
     assert cost["bytes_up"] > 3 * model  # the masked vectors (int64) and the key shares
 
+    # (c) The ledger books each client's share of the protocol as ``secagg``: per round the
+    # clients' entries add up to the row's totals, a summed client's upload is booked only
+    # there (int64 entries, keys and shares: no float32 ``up_model``), the downloads are the
+    # plain run's, and a plain run books no ``secagg`` at all.
+    entries = sum(v.numel() for v in mean.values())
+    ledger, plain_ledger = run.server.ledger.to_rows(), plain.server.ledger.to_rows()
+    for row in rows:
+        mine = [e for e in ledger if e["round"] == row["round"]]
+        for way in ("down", "up"):
+            booked = [e[f"{way}_secagg"] for e in mine]
+            assert sum(booked) == row["secagg"][f"bytes_{way}"] == row["bytes"][f"{way}_secagg"]
+        assert all(e["up_secagg"] > 8 * entries and e["down_secagg"] > 0 for e in mine)
+        assert all(e["up_model"] == e["up_aux"] == e["up_data"] == 0 for e in mine)
+    assert [e["down_model"] for e in ledger] == [e["down_model"] for e in plain_ledger]
+    assert all(e["down_secagg"] == e["up_secagg"] == 0 for e in plain_ledger)
+    assert all(e["up_model"] == model for e in plain_ledger)
+
 
 @pytest.mark.slow
 def test_a_round_survives_thirty_percent_dropping_after_sharing_keys(identity, spied, tmp_path):
@@ -123,6 +141,14 @@ def test_a_round_survives_thirty_percent_dropping_after_sharing_keys(identity, s
     assert row["secagg"]["clients"] == 7 and row["secagg"]["dropped"] == [1, 4, 8]
     assert sorted(row["failures"]) == ["1", "4", "8"]
     assert all("after sharing its keys" in why for why in row["failures"].values())
+    # a client that left booked what it was sent and the keys and shares it sent, no
+    # masked vector; the round's entries add up to the row's protocol bytes
+    booked = {e["client"]: e for e in run.server.ledger.to_rows()}
+    gone = [booked[c]["up_secagg"] for c in (1, 4, 8)]
+    assert 0 < max(gone) < min(booked[c]["up_secagg"] for c in (0, 2, 3, 5, 6, 7, 9))
+    assert all(booked[c]["down_secagg"] > 0 for c in (1, 4, 8))
+    for way in ("down", "up"):
+        assert sum(e[f"{way}_secagg"] for e in booked.values()) == row["secagg"][f"bytes_{way}"]
 
     (uploads,) = spied["server"]
     assert [client for client, _, _ in uploads] == [0, 2, 3, 5, 6, 7, 9]

@@ -144,7 +144,9 @@ def test_dp_tutorial(tmp_path, monkeypatch):
     assert [r["dp_epsilon"] for r in secure] == eps
     cost = secure[-1]["secagg"]
     assert cost["clients"] == 3 and cost["dropped"] == [] and cost["messages"] == 8 * 3
-    assert cost["bytes_up"] > 2 * secure[-1]["bytes"]["up_model"]  # int64 against float32
+    booked = secure[-1]["bytes"]  # the protocol's bytes in the ledger, the upload among them
+    assert cost["bytes_up"] == booked["up_secagg"] > 2 * booked["down_model"]  # int64 vs float32
+    assert cost["bytes_down"] == booked["down_secagg"] and booked["up_model"] == 0
     assert "server_saw" not in read_metrics(runs / "dp")[-1]
 
     # the refusals: the page's commands, at the recipe's own size, print the page's lines

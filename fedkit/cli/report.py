@@ -176,8 +176,11 @@ def bytes_plot(plt: Any, data: RunData) -> Any:
             ax.bar(rounds, values, bottom=bottom, label=field)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     title = "Bytes per round by ledger category"
-    for way in ("down", "up"):  # the protocol's own messages, outside the ledger
-        values = [protocol_cost(r).get(f"bytes_{way}", 0) / 2**20 for r in rows]
+    for way in ("down", "up"):  # the protocol's messages, in rows from before the ledger had them
+        values = [
+            0 if f"{way}_secagg" in r["bytes"] else protocol_cost(r).get(f"bytes_{way}", 0) / 2**20
+            for r in rows
+        ]
         if any(values):
             ax.bar(rounds, values, bottom=bottom, hatch="//", alpha=0.6, label=f"SecAgg+ {way}")
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]

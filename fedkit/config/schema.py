@@ -380,8 +380,18 @@ class Recipe(Section):
     def _async_in_simulation(self) -> Recipe:
         if self.systems.mode == "async" and self.engine.executor == "flower":
             raise ValueError(
-                "systems.mode async with a simulation executor (sequential, isolated, ray): "
+                "systems.mode: async with a simulation executor (sequential, isolated, ray): "
                 "it holds jobs across steps, which the Flower executor cannot"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _clock_without_secure_sums(self) -> Recipe:
+        if self.systems.enabled and self.engine.secure_aggregation.enabled:
+            raise ValueError(
+                "engine.secure_aggregation: false with the virtual clock (systems): the clock "
+                "drops clients (deadline, over-selection, availability) after SecAgg+ "
+                "has summed their vectors, which the sum cannot take back"
             )
         return self
 
@@ -411,7 +421,12 @@ def _translate(error: ValidationError, file: str | None) -> RecipeError:
         allowed = _section_fields(loc[:-1])
         hint = unknown_hint(str(loc[-1]), allowed)
         return RecipeError(key, "one of " + ", ".join(allowed), file=file, hint=hint)
-    return RecipeError(key, expected_from(first["msg"]), found, file=file)
+    expected = expected_from(first["msg"])
+    if not loc:  # a check across sections: its message names the key; the input is the recipe
+        named = re.match(r"([a-z_]+(?:\.[a-z_]+)+): (.*)$", expected, re.DOTALL)
+        key, expected = (named.group(1), named.group(2)) if named else (key, expected)
+        return RecipeError(key, expected, file=file)
+    return RecipeError(key, expected, found, file=file)
 
 
 def parse_value(text: str, item: str | None = None, file: str | None = None) -> Any:

@@ -479,15 +479,19 @@ def checked_sample(run: Run, sampled: list[int] | None) -> list[int]:
 def receive(run: Run, result: ClientResult) -> ClientResult:
     """Check a client's result (``reply_checks``: a refused one becomes a failed one),
     then book it: the clusters it fetched, its upload and reported values, its reported
-    identity (a failed client's downloads only). Returns the result as accepted."""
-    server = run.server
-    result = reply_checks.checked(result, run.expected, server)
+    identity (a failed client's downloads only), and secure aggregation's messages to and
+    from it (its upload, when summed, among them). Returns the result as accepted."""
+    server, summed = run.server, result.secagg
     ledger = server.ledger
+    if summed is not None:  # the protocol's messages crossed, whatever the checks decide
+        ledger.record_protocol(server.round, result.client, summed["down"], summed["up"])
+    result = reply_checks.checked(result, run.expected, server)
     for cluster in result.fetched:
         ledger.record(server.round, result.client, "down", server.pool[cluster])
     if result.failure is not None:
         return result
-    ledger.record(server.round, result.client, "up", result.upload)
+    if summed is None:  # under secure aggregation the upload crossed masked, booked above
+        ledger.record(server.round, result.client, "up", result.upload)
     ledger.record_values(server.round, result.client, "up", result.metrics)
     run.participants.add(result.client)
     info = server.roster[result.client]

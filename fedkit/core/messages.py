@@ -82,7 +82,10 @@ class ClientResult:
     failed sends ``failure`` (its kind: exception, non-finite, timeout, dropout, crash;
     the virtual clock's deadline, unavailable, over-selected) and ``error`` instead of an
     upload. ``retried``: why a first attempt died, when an
-    executor ran the job again and this is the second attempt's answer."""
+    executor ran the job again and this is the second attempt's answer. ``secagg``: under
+    secure aggregation, the bytes of the protocol's messages to and from the client
+    (``down``, ``up``), booked as such; a client whose upload is in the protocol's sum
+    sent it only there, so the ledger does not book its ``upload`` (the round's mean)."""
 
     client: int
     cluster: int
@@ -93,6 +96,7 @@ class ClientResult:
     failure: str | None = None
     error: str = ""
     retried: str = ""
+    secagg: dict[str, int] | None = None
 
     @classmethod
     def failed(cls, client: int, kind: str, error: str, fetched: list[int] = ()) -> ClientResult:

@@ -415,7 +415,8 @@ class FlowerExecutor:
         """A round under secure aggregation (``fedkit.flower.secagg``): the clients train
         and hold their uploads; SecAgg+ runs over those that answered; each client whose
         vector is in the protocol's mean is accepted with the mean as its upload (the
-        server never holds one of its own), one that dropped out of the protocol fails."""
+        server never holds one of its own), one that dropped out of the protocol fails.
+        Every result that reached the protocol carries its bytes (``secagg``: the ledger's)."""
         if any(len(job.offers) != 1 for job in jobs):
             raise FedkitError("secure aggregation sums one model: this round offers several")
         before = {job.client: self.manifest.get(job.client) for job in jobs}
@@ -442,6 +443,8 @@ class FlowerExecutor:
                 self.grid, jobs[0].round, weights, self.secagg, self.timeout
             )
         summed = {self.client_of[node] for node in outcome.summed}
+        for result in held:  # what crossed with each client, summed or not (the ledger's)
+            result.secagg = outcome.traffic.of(self.nodes[result.client])
         self.notes = {
             "server_saw": "sum",
             "secagg": {
@@ -487,7 +490,9 @@ class FlowerExecutor:
             self.manifest.pop(result.client, None)
         else:
             self.manifest[result.client] = entry
-        return ClientResult.failed(result.client, kind, why, result.fetched)
+        failed = ClientResult.failed(result.client, kind, why, result.fetched)
+        failed.secagg = result.secagg
+        return failed
 
     def round_notes(self) -> dict[str, Any]:
         """What the round's metrics row records of the executor's own work: under secure

@@ -21,7 +21,9 @@ levels; the server's mean is off by at most about K·2·clipping_range/quantizat
 floored as the core floors them, after a ``INTEGER_SLACK`` allowance for that error.
 
 Messages carry data only: Flower's protocol values (public keys, encrypted shares, masked
-integer vectors as NumPy arrays Flower reads with ``allow_pickle=False``).
+integer vectors as NumPy arrays Flower reads with ``allow_pickle=False``). Their bytes are
+counted per node (``Traffic``) and booked per client in the ledger's ``secagg`` fields, a
+summed client's masked upload among them (docs/decisions/0029).
 """
 
 from __future__ import annotations
@@ -226,11 +228,26 @@ def content_bytes(content: RecordDict) -> int:
 @dataclass
 class Traffic:
     """What the protocol's own messages cost in one round: bytes each way (Flower's
-    ``count_bytes`` of every message and reply) and the number of messages."""
+    ``count_bytes`` of every message and reply), the number of messages, and the bytes
+    by node (``nodes``: node id → [down, up]; a message counts for the node it was sent
+    to, a reply for the node its message went to)."""
 
     down: int = 0
     up: int = 0
     messages: int = 0
+    nodes: dict[int, list[int]] = field(default_factory=dict)
+
+    def add(self, node: int, down: int = 0, up: int = 0) -> None:
+        """Count ``down`` bytes sent to ``node`` and ``up`` bytes received from it."""
+        self.down, self.up = self.down + down, self.up + up
+        mine = self.nodes.setdefault(node, [0, 0])
+        mine[0] += down
+        mine[1] += up
+
+    def of(self, node: int) -> dict[str, int]:
+        """The bytes sent to ``node`` and received from it (``down``, ``up``)."""
+        down, up = self.nodes.get(node, (0, 0))
+        return {"down": down, "up": up}
 
 
 class CountingGrid:
@@ -245,19 +262,22 @@ class CountingGrid:
     ) -> list[Message]:
         messages = list(messages)
         for m in messages:
-            self.traffic.down += content_bytes(m.content)
+            self.traffic.add(m.metadata.dst_node_id, down=content_bytes(m.content))
         self.traffic.messages += len(messages)
         waiting = {mid for mid in self.grid.push_messages(messages) if mid}
+        node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}  # set by push
         end = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
         while waiting:
             for reply in self.grid.pull_messages(list(waiting)):
-                if reply.metadata.reply_to_message_id in waiting:
-                    waiting.discard(reply.metadata.reply_to_message_id)
+                answered = reply.metadata.reply_to_message_id
+                if answered in waiting:
+                    waiting.discard(answered)
                     replies.append(reply)
                     self.traffic.messages += 1
                     if not reply.has_error():
-                        self.traffic.up += content_bytes(reply.content)
+                        node = node_of.get(answered, reply.metadata.src_node_id)
+                        self.traffic.add(node, up=content_bytes(reply.content))
             if waiting and end is not None and time.monotonic() >= end:
                 break
             if waiting:

@@ -17,6 +17,13 @@ transport adds around it. ``total`` is the sum of every field, so it counts ever
 that crossed. A reply the server refused (``fedkit.core.reply_checks``) is not booked:
 the server discarded it, and ``failures.jsonl`` records it instead.
 
+Secure aggregation's own messages are booked as ``secagg`` (``down_secagg``,
+``up_secagg``: SecAgg+'s settings, public keys, encrypted shares, masked vectors and
+unmasking shares, counted as Flower counts a message's values). A client whose upload
+went into SecAgg+'s sum sent it only there, masked, so its ``up`` tensor fields stay 0;
+a client that dropped out of the protocol books what was sent to it and what it sent
+before it left (decision 0029).
+
 Privacy is booked beside the bytes: a plugin that releases something under differential
 privacy calls ``spend`` with the (ε, δ) spent by the end of a round, cumulative, under a
 level name of its choosing (``client``, ``sample``); the round's metrics row carries the
@@ -39,7 +46,9 @@ TENSOR_FIELDS = tuple(f"{d}_{c}" for d in DIRECTIONS for c in CATEGORIES)
 """Bytes of tensors, per direction and category."""
 METRIC_FIELDS = ("up_metrics", "eval_metrics")
 """Bytes of reported values: a training reply's, an evaluation's scores."""
-FIELDS = TENSOR_FIELDS + METRIC_FIELDS
+PROTOCOL_FIELDS = ("down_secagg", "up_secagg")
+"""Bytes of secure aggregation's own messages to and from a client (masked uploads too)."""
+FIELDS = TENSOR_FIELDS + METRIC_FIELDS + PROTOCOL_FIELDS
 """Every field of a ledger row and of the totals (besides ``total``)."""
 
 
@@ -99,13 +108,17 @@ class Ledger:
             self._categories[key] = found
         return found
 
+    def _row(self, round: int, client: int) -> dict[str, int]:
+        """The pending row of (``round``, ``client``), made empty on first use."""
+        return self.rows.setdefault(
+            (round, client), {"round": round, "client": client, **dict.fromkeys(FIELDS, 0)}
+        )
+
     def record(
         self, round: int, client: int, direction: str, tensors: Mapping[str, Tensor]
     ) -> None:
         """Add a transfer (``direction``: ``down``, ``up`` or ``eval``), split by category."""
-        row = self.rows.setdefault(
-            (round, client), {"round": round, "client": client, **dict.fromkeys(FIELDS, 0)}
-        )
+        row = self._row(round, client)
         for key, value in tensors.items():
             row[direction + "_" + self.category(key)] += value.nbytes
 
@@ -116,10 +129,17 @@ class Ledger:
         an evaluation's scores) at ``value_bytes`` each."""
         if not values:
             return
-        row = self.rows.setdefault(
-            (round, client), {"round": round, "client": client, **dict.fromkeys(FIELDS, 0)}
-        )
+        row = self._row(round, client)
         row[direction + "_metrics"] += sum(value_bytes(k, v) for k, v in values.items())
+
+    def record_protocol(self, round: int, client: int, down: int, up: int) -> None:
+        """Add the bytes of secure aggregation's messages to (``down``) and from (``up``)
+        a client in ``round``."""
+        if min(down, up) < 0:
+            raise ValueError(f"protocol bytes: expected counts ≥ 0, found {down}, {up}")
+        row = self._row(round, client)
+        row["down_secagg"] += int(down)
+        row["up_secagg"] += int(up)
 
     def spend(self, round: int, *, epsilon: float, delta: float, level: str, **about: Any) -> None:
         """Book the privacy spent by the end of ``round`` at ``level``: (``epsilon``,
