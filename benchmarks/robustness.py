@@ -14,6 +14,9 @@ that scored it) to ``benchmarks/results/robustness_fmnist.jsonl``; cells already
 skipped and a killed cell resumes from its run directory in ``--out``. ``--quick`` runs
 12 cells for 5 rounds of 2 local epochs on a sixth of the images, into a results file of
 its own.
+``--paper NAME`` runs only the cells of a published claim (``PAPERS``), shortened to fit a
+CPU, into a results file and run directory of its own, and prints whether our numbers agree
+with the claim's direction and rough size.
 At the end (and with ``--table`` alone) it prints the table as Markdown.
 
 The published point (``PUBLISHED``) is the no-attack, no-defence cell: FedAvg on NIID-Bench's
@@ -85,6 +88,30 @@ PUBLISHED = {
 epochs, as (paper, Flower) accuracy in %, to be matched within ``tolerance`` points of
 either. The paper's figures are as ``niid_bench.py`` entered them (not checked against the
 paper offline); Flower's were checked against its README."""
+PAPERS: dict[str, dict] = {
+    "shejwalkar2021": {
+        "source": "Shejwalkar and Houmansadr, 'Manipulating the Byzantine: Optimizing Model "
+        "Poisoning Attacks and Defenses for Federated Learning', NDSS 2021, abstract",
+        "claim": "the AGR-agnostic attacks (min-max, min-sum) take 1.5x to 60x more accuracy "
+        "from a Byzantine-robust aggregator than earlier attacks such as ALIE (LIE)",
+        "attacks": ("none", "alie", "min_max", "min_sum"),
+        "defences": ("krum", "trimmed_mean", "median"),
+        "partitions": ("iid",),
+        "seeds": (1, 2, 3),
+        "sets": ["federation.rounds=20", "federation.local_epochs=1", "data.max_train=10000"],
+        "baseline": "alie",
+        "stronger": ("min_max", "min_sum"),
+        "ratio": 1.5,
+    },
+}
+"""Published claims ``--paper NAME`` checks, each with the cells that test it (20% of the
+clients attack, as in the table) and the shorter run that fits a CPU. A claim holds here
+when, for a defence, the larger accuracy loss of the ``stronger`` attacks is at least
+``ratio`` times the ``baseline`` attack's loss (a loss against the same defence's no-attack
+cell, averaged over the seeds) and at least ``NOISE`` points."""
+NOISE = 2.0
+"""Accuracy losses smaller than this many points are read as no loss: seed-to-seed spread of
+the short runs is of that order."""
 FAILS_BY = 10.0
 """A defended cell is marked failed (✗) when its accuracy is more than this many points
 below the same partition's no-attack cell of the same defence, or its backdoor success is
@@ -171,8 +198,9 @@ def failed(row: dict, clean: dict | None) -> bool:
 
 
 def table(rows: list[dict]) -> str:
-    """Per partition, attacks down and defences across: final accuracy (%), then the
-    backdoor's success after a slash; ✗ marks a failed defence, ‡ a diverged run."""
+    """Per partition, attacks down and defences across: final accuracy (%, the mean over the
+    seeds), then the backdoor's success after a slash; ✗ marks a failed defence (in any seed,
+    against that seed's no-attack cell), ‡ a diverged run."""
     defences = [d for d in DEFENCES if any(r["defence"] == d for r in rows)]
     attacks = [a for a in ATTACKS if any(r["attack"] == a for r in rows)]
     lines = []
@@ -186,7 +214,9 @@ def table(rows: list[dict]) -> str:
             cells = []
             for defence in defences:
                 found = [r for r in here if (r["attack"], r["defence"]) == (attack, defence)]
-                clean = [r for r in here if (r["attack"], r["defence"]) == ("none", defence)]
+                clean = {
+                    r["seed"]: r for r in here if (r["attack"], r["defence"]) == ("none", defence)
+                }
                 if not found:
                     cells.append("–")
                     continue
@@ -196,7 +226,7 @@ def table(rows: list[dict]) -> str:
                     text += f" / {bd:.0f}"
                 if any("diverged" in r for r in found):
                     text += "‡"
-                if attack != "none" and any(failed(r, clean[0] if clean else None) for r in found):
+                if attack != "none" and any(failed(r, clean.get(r["seed"])) for r in found):
                     text += " ✗"
                 cells.append(text)
             lines.append(f"| {attack} | " + " | ".join(cells) + " |")
@@ -233,15 +263,55 @@ def published(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def loss(rows: list[dict], attack: str, defence: str) -> tuple[float, int] | None:
+    """Mean accuracy (points) an attack takes from a defence's no-attack cell, over the seeds
+    both were run with, and how many seeds; ``None`` when no seed has both."""
+
+    def by_seed(a: str) -> dict:
+        here = [r for r in rows if (r["attack"], r["defence"]) == (a, defence)]
+        return {r["seed"]: r["accuracy"] for r in here}
+
+    clean, attacked = by_seed("none"), by_seed(attack)
+    seeds = sorted(set(clean) & set(attacked))
+    if not seeds:
+        return None
+    return statistics.fmean(clean[s] - attacked[s] for s in seeds), len(seeds)
+
+
+def paper_check(rows: list[dict], name: str) -> str:
+    """Per defence, the accuracy each attack takes, and whether the paper's claim holds."""
+    paper = PAPERS[name]
+    lines = [f"published claim: {paper['source']}: {paper['claim']}"]
+    for defence in paper["defences"]:
+        base = loss(rows, paper["baseline"], defence)
+        strong = {a: loss(rows, a, defence) for a in paper["stronger"]}
+        found = {a: x for a, x in strong.items() if x is not None}
+        if base is None or not found:
+            lines.append(f"  {defence}: not all cells run yet")
+            continue
+        said = ", ".join(f"{a} {x[0]:+.1f}" for a, x in [(paper["baseline"], base), *found.items()])
+        top = max(x[0] for x in found.values())
+        need = max(paper["ratio"] * max(base[0], 0.0), NOISE)
+        verdict = "agrees" if top >= need else "does NOT agree"
+        lines.append(
+            f"  {defence} (accuracy lost, points, n {base[1]}): {said}; strongest / "
+            f"{paper['baseline']} must be >= {paper['ratio']}x and >= {NOISE} points: {verdict}"
+        )
+    return "\n".join(lines)
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with the cells, the extra settings and the results file filled in."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path("data/fmnist"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[42])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--attacks", nargs="+", choices=ATTACKS, default=None)
     parser.add_argument("--defences", nargs="+", choices=DEFENCES, default=None)
     parser.add_argument("--partitions", nargs="+", choices=PARTITIONS, default=None)
     parser.add_argument("--quick", action="store_true", help="12 short cells (own results file)")
+    parser.add_argument(
+        "--paper", choices=PAPERS, default=None, help="only a published claim's cells (own file)"
+    )
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("runs/robustness"))
     parser.add_argument("--results", type=Path, default=None)
@@ -249,15 +319,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.parallel < 1:
         parser.error("--parallel must be at least 1")
-    preset = QUICK if args.quick else {}
+    if args.quick and args.paper:
+        parser.error("--quick and --paper are two presets: choose one")
+    preset = QUICK if args.quick else PAPERS[args.paper] if args.paper else {}
+    suffix = "-quick" if args.quick else f"-{args.paper}" if args.paper else ""
     args.attacks = args.attacks or list(preset.get("attacks", ATTACKS))
     args.defences = args.defences or list(preset.get("defences", DEFENCES))
     args.partitions = args.partitions or list(preset.get("partitions", PARTITIONS))
+    args.seeds = args.seeds or list(preset.get("seeds", [42]))
     args.sets = list(preset.get("sets", []))
-    if args.quick:
-        args.out = args.out.with_name(args.out.name + "-quick")
+    if suffix:
+        args.out = args.out.with_name(args.out.name + suffix)
     if args.results is None:
-        args.results = RESULTS.with_name(RESULTS.stem + ("-quick" if args.quick else "") + ".jsonl")
+        args.results = RESULTS.with_name(RESULTS.stem + suffix + ".jsonl")
     return args
 
 
@@ -289,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     rows = read_rows(args.results)
     print(table(rows))
-    print(published(rows))
+    print(paper_check(rows, args.paper) if args.paper else published(rows))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from conftest import Spy, run_all, same_pools, ssl_recipe, tiny_recipe
 
 from fedkit.config.schema import validate
 from fedkit.core.engine import prepare, run_round
+from fedkit.testing import assert_same_runs, run_recipe
 
 pytestmark = pytest.mark.slow  # a Ray cluster
 
@@ -17,10 +18,34 @@ ray = pytest.importorskip(
 )
 
 
+# Plain FedAvg is CLOCKED["sync-deadline"] below (its rows, ledger and models), and
+# test_ray_faults.py compares it again: each Ray run here costs ~10-20 s of actor start.
 RECIPES = {
-    "fedavg": tiny_recipe(federation={"rounds": 2, "clients_per_round": 3}),
     "fedu+dapu": ssl_recipe("fedu", ("dapu", {"mu": 0.05}), rounds=2),
     "ifca": tiny_recipe(plugins=[{"ifca": {"num_clusters": 2}}], data={"num_clients": 4}),
+}
+
+# The virtual clock on (systems:): a synchronous round whose deadline and the clients'
+# windows drop someone, and asynchronous FedBuff steps that hold jobs across steps.
+CLOCKED = {
+    "sync-deadline": tiny_recipe(
+        data={"num_clients": 5},
+        federation={"clients_per_round": 2, "rounds": 2},
+        systems={
+            "speed": {"median": 100.0, "sigma": 1.0},
+            "availability": {"model": "diurnal", "period": 30.0, "online": 0.6},
+            "deadline": 4.0,
+            "over_selection": 1.5,
+        },
+        evaluation={"protocol": "none", "every": 0},
+    ),
+    "async-fedbuff": tiny_recipe(
+        data={"num_clients": 5},
+        federation={"clients_per_round": 1, "rounds": 3},
+        plugins=["fedavg", "fedbuff"],
+        systems={"mode": "async", "concurrency": 3, "speed": {"sigma": 1.0}},
+        evaluation={"protocol": "none", "every": 0},
+    ),
 }
 
 
@@ -36,6 +61,22 @@ def test_ray_gives_the_same_metrics_as_sequential(ray_cluster, name):
     assert torch.get_num_threads() == before  # the server's side keeps the process's count
     assert ray_rows == seq_rows
     assert same_pools(ray_pool, seq_pool)
+
+
+@pytest.mark.parametrize("name", list(CLOCKED))
+def test_ray_gives_the_sequential_run_with_the_clock_on(ray_cluster, name):
+    """Rows (``virtual_time``, failures, staleness), ledger and models are the same: both
+    executors time the same bytes and samples, and Ray's actors hold async jobs alike."""
+    raw = CLOCKED[name]
+    sequential = run_recipe(raw)
+    ray_run = run_recipe({**raw, "engine": {"executor": "ray", "workers": 2}})
+    assert_same_runs(sequential, ray_run)
+    rows = sequential.rows
+    assert rows[-1]["virtual_time"] > 0
+    if name == "sync-deadline":
+        assert any("deadline" in str(row.get("failures")) for row in rows)
+    else:
+        assert max(row["staleness_max"] for row in rows) >= 1
 
 
 class Recording:

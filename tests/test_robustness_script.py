@@ -85,3 +85,51 @@ def test_the_table_marks_failed_defences_and_the_published_point(robustness):
     assert "no full-length run" in said[2]
     short = [{**rows[0], "accuracy": 50.0, "sets": ["federation.rounds=5"]}]
     assert "no full-length run" in robustness.published(short).splitlines()[1]
+
+
+def test_a_paper_preset_runs_only_its_cells_and_checks_the_claim(robustness, tmp_path):
+    args = robustness.parse(["--paper", "shejwalkar2021", "--out", str(tmp_path / "runs")])
+    paper = robustness.PAPERS["shejwalkar2021"]
+    assert args.out == tmp_path / "runs-shejwalkar2021"
+    assert args.results.name == "robustness_fmnist-shejwalkar2021.jsonl"
+    assert (args.attacks, args.defences, args.seeds) == (
+        list(paper["attacks"]),
+        list(paper["defences"]),
+        list(paper["seeds"]),
+    )
+    assert (
+        sets_of(robustness.cell_command("min_sum", "median", "iid", 1, args))["federation.rounds"]
+        == "20"
+    )
+    assert robustness.parse(["--paper", "shejwalkar2021", "--seeds", "5"]).seeds == [5]
+    with pytest.raises(SystemExit):
+        robustness.parse(["--paper", "shejwalkar2021", "--quick"])
+
+    def row(attack, defence, seed, accuracy):
+        return {
+            "attack": attack,
+            "defence": defence,
+            "partition": "iid",
+            "seed": seed,
+            "accuracy": accuracy,
+        }
+
+    rows = [row("none", "krum", s, 70.0) for s in (1, 2)]
+    rows += [row("alie", "krum", 1, 68.0), row("alie", "krum", 2, 67.0)]  # loses 2.5
+    rows += [row("min_max", "krum", 1, 60.0), row("min_max", "krum", 2, 62.0)]  # loses 9
+    rows += [row("min_sum", "krum", 1, 66.0)]  # only one seed: loses 4
+    rows += [row("none", "median", 1, 70.0), row("alie", "median", 1, 69.0)]
+    rows += [row("min_sum", "median", 1, 68.5)]  # 1.5 points: within the noise
+    said = robustness.paper_check(rows, "shejwalkar2021").splitlines()
+    krum = next(line for line in said if line.strip().startswith("krum"))
+    assert "alie +2.5, min_max +9.0, min_sum +4.0" in krum and krum.endswith(": agrees")
+    median = next(line for line in said if line.strip().startswith("median"))
+    assert median.endswith("does NOT agree")
+    assert "trimmed_mean: not all cells run yet" in said[2]
+    # a seed's attacked cell is judged against that seed's no-attack cell
+    seeded = [row("none", "krum", 1, 80.0), row("none", "krum", 2, 60.0)]
+    seeded += [row("min_max", "krum", 1, 75.0), row("min_max", "krum", 2, 55.0)]
+    lines = robustness.table(seeded).splitlines()
+    assert "| min_max | 65.0 |" in lines
+    seeded[-1] = row("min_max", "krum", 2, 49.0)
+    assert "| min_max | 62.0 ✗ |" in robustness.table(seeded).splitlines()
