@@ -12,8 +12,8 @@ column without a defence. A finished cell appends ``{"attack", "defence", "parti
 (final global test accuracy and backdoor success in %, detection averaged over the rounds
 that scored it) to ``benchmarks/results/robustness_fmnist.jsonl``; cells already there are
 skipped and a killed cell resumes from its run directory in ``--out``. ``--quick`` runs
-12 cells for 5 rounds of 2 local epochs on a sixth of the images, into a results file of
-its own.
+12 cells (or the ``--attacks``/``--defences``/``--partitions`` given) for 5 rounds of 2
+local epochs on a sixth of the images, into a results file of its own.
 ``--paper NAME`` runs only the cells of a published claim (``PAPERS``), shortened to fit a
 CPU, into a results file and run directory of its own, and prints whether our numbers agree
 with the claim's direction and rough size.
@@ -66,9 +66,11 @@ DEFENCES: dict[str, dict | None] = {
 """Each defence's options (``None``: FedAvg's weighted mean). Krum is Multi-Krum with
 m = n − f. Bulyan assumes f = 1: its bound n ≥ 4f + 3 rules out f = 2 with 10 clients, so
 it is run below the attack's real strength and the table marks it."""
-FLTRUST_ROOT = 100 / 60000
+FLTRUST_ROOT = 100
 """FLTrust's root data set, taken from the training images as the server's split: 100
 images, the paper's default size (Cao et al., NDSS 2021)."""
+TRAIN_IMAGES = 60000
+"""Fashion-MNIST's training images, before a preset's ``data.max_train`` cuts them."""
 PARTITIONS = {name: NIID_PARTITIONS[name] for name in ("iid", "dirichlet-0.5")}
 QUICK = {
     "attacks": ("none", "sign_flip", "alie", "backdoor"),
@@ -76,7 +78,8 @@ QUICK = {
     "partitions": ("iid",),
     "sets": ["federation.rounds=5", "federation.local_epochs=2", "data.max_train=10000"],
 }
-"""``--quick``: 12 cells of 5 rounds of two local epochs on 10,000 training images."""
+"""``--quick``: 12 cells of 5 rounds of two local epochs on 10,000 training images (explicit
+``--attacks``, ``--defences`` and ``--partitions`` replace its lists)."""
 PUBLISHED = {
     "source": "NIID-Bench (Li et al., ICDE 2022), Table III, FMNIST, FedAvg; Flower's "
     "baselines/niid_bench README, seed 42",
@@ -129,6 +132,18 @@ def plugins_value(attack: str, defence: str, seed: int) -> str:
     return "plugins=[" + ", ".join(items) + "]"
 
 
+def root_fraction(sets: list[str]) -> float:
+    """The ``data.server_fraction`` that gives FLTrust ``FLTRUST_ROOT`` images: a fraction of
+    the training images the cell keeps (``data.max_train`` when a preset cuts them), since
+    the server's split is drawn after that cut."""
+    train = TRAIN_IMAGES
+    for item in sets:
+        key, _, value = item.partition("=")
+        if key.strip() == "data.max_train":
+            train = min(train, int(value))
+    return FLTRUST_ROOT / train
+
+
 def cell_out(attack: str, defence: str, partition: str, seed: int, args: argparse.Namespace):
     """A cell's run directory."""
     return args.out / f"{attack}-{defence}-{partition}-s{seed}"
@@ -146,7 +161,7 @@ def cell_command(
     sets += [p.replace("SEED", str(seed)) for p in PARTITIONS[partition]]
     sets.append(plugins_value(attack, defence, seed))
     if defence == "fltrust":
-        sets.append(f"data.server_fraction={FLTRUST_ROOT:.8f}")
+        sets.append(f"data.server_fraction={root_fraction(args.sets):.8f}")
     sets += args.sets
     cmd = [fedkit, "run", RECIPE, "--out", str(out), "--quiet", "--no-report"]
     for s in sets:

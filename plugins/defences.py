@@ -176,6 +176,22 @@ def fltrust(updates: Tensor, reference: Tensor) -> tuple[Tensor, Tensor]:
     return (trust[:, None] * rescaled).sum(dim=0) / total, trust
 
 
+def matched_epochs(
+    weights: list[float], epochs: int, batch_size: int, drop_last: bool, own: int
+) -> int:
+    """Epochs over the server's ``own`` samples that take at least as many optimiser steps
+    as the median client took (``epochs`` over its ``weights`` samples): FLTrust's server
+    runs the clients' number of local iterations (Cao et al., 2021), and its update's norm
+    sets every client's, so a server that stepped less shrinks the whole round."""
+
+    def steps(n: int) -> int:
+        return max(1, n // batch_size if drop_last and n >= batch_size else -(-n // batch_size))
+
+    clients = sorted(epochs * steps(int(w)) for w in weights)
+    median = clients[(len(clients) - 1) // 2] if clients else epochs
+    return max(1, -(-median // steps(own)))
+
+
 def flame_admitted(vectors: Tensor) -> list[int]:
     """FLAME's filter: HDBSCAN (min_cluster_size ⌊n/2⌋+1, min_samples 1, one cluster
     allowed) on pairwise cosine distances; the rows of the largest cluster (all rows
@@ -437,10 +453,11 @@ class Bucketing(Defence):
 class FLTrust(Defence):
     """FLTrust: trust scores against the server's own update (Cao et al., 2021).
 
-    The server's update g₀ is ``federation.local_epochs`` of the recipe's supervised
-    training on its own split (``data.server_fraction``) from the cluster's state, at
-    ``federation.optimizer.lr``. Flags clients whose trust score is zero (their update
-    points away from g₀)."""
+    The server's update g₀ is the recipe's supervised training on its own split
+    (``data.server_fraction``) from the cluster's state, at ``federation.optimizer.lr``,
+    for as many steps as the round's median client took (``matched_epochs``: the paper's
+    equal local iterations; the row logs ``fltrust_epochs``). Flags clients whose trust
+    score is zero (their update points away from g₀)."""
 
     name = "fltrust"
 
@@ -459,8 +476,11 @@ class FLTrust(Defence):
                 server.recipe.data.server_fraction,
             )
 
-    def reference(self, server: Server, cluster: int, keys: list[str]) -> Tensor:
-        """g₀: the server's own update from the cluster state, flattened over ``keys``."""
+    def reference(
+        self, server: Server, cluster: int, keys: list[str], weights: list[float]
+    ) -> Tensor:
+        """g₀: the server's own update from the cluster state, flattened over ``keys``,
+        trained for the steps the clients of ``weights`` (sample counts) took."""
         recipe = server.recipe
         model = server.model(cluster)
         before = {k: v.detach().double().cpu().clone() for k, v in model.state_dict().items()}
@@ -473,14 +493,20 @@ class FLTrust(Defence):
         objective = supervised_objective(trainer, model)
         opt = recipe.federation.optimizer
         optimizer = make_optimizer(objective.trained_params(model), opt, opt.lr)
-        run_loop(model, objective, optimizer, objective.epochs or recipe.federation.local_epochs)
+        fed = recipe.federation
+        epochs = matched_epochs(
+            weights, objective.epochs or fed.local_epochs, fed.batch_size, fed.drop_last,
+            len(server.own_data),
+        )  # fmt: skip
+        server.log(fltrust_epochs=epochs)
+        run_loop(model, objective, optimizer, epochs)
         after = model.state_dict()
         return torch.cat([(after[k].detach().double().cpu() - before[k]).flatten() for k in keys])
 
     def robust(
         self, server: Server, cluster: int, updates: Tensor, uploads: list[Upload], keys: list[str]
     ) -> tuple[Tensor, list[int]]:
-        reference = self.reference(server, cluster, keys)
+        reference = self.reference(server, cluster, keys, [u.weight for u in uploads])
         update, trust = fltrust(updates, reference)
         server.log(fltrust_reference_norm=float(reference.norm()))
         return update, [i for i, t in enumerate(trust.tolist()) if t == 0]

@@ -109,6 +109,14 @@ def test_fltrust_trust_scores_and_rescaling():
     assert nobody.tolist() == [0, 0] and trust.tolist() == [0]
 
 
+def test_fltrusts_server_takes_the_median_clients_steps():
+    # clients of 1000, 640 and 10 samples, 2 epochs of 64: 32, 20 and 2 steps; median 20
+    assert d.matched_epochs([1000, 640, 10], 2, 64, False, own=100) == 10  # 2 steps an epoch
+    assert d.matched_epochs([1000, 640, 10], 2, 64, True, own=100) == 20  # 1 (drop_last)
+    assert d.matched_epochs([10, 10], 1, 64, False, own=500) == 1  # never fewer than one
+    assert d.matched_epochs([640, 640, 10**9], 1, 64, False, own=640) == 1  # one liar moves nothing
+
+
 def test_flame_keeps_the_majority_clips_to_the_median_norm_and_adds_lambda_s_noise():
     updates = rows([1, 0], [2, 0.01], [3, 0], [4, 0.02], [-5, 0.1])
     generator = torch.Generator().manual_seed(0)
@@ -262,4 +270,5 @@ def test_defences_in_tiny_runs_with_ifca_clusters_and_a_server_split():
     trusted = run_recipe(tiny_recipe(plugins=["fedavg", "fltrust"], data={"server_fraction": 0.2}))
     for row in trusted.rows:
         assert row["defence"] == "fltrust" and row["fltrust_reference_norm"] > 0
+        assert row["fltrust_epochs"] >= 1
         assert row["flagged"] == sorted(row["flagged"])

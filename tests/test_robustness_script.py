@@ -43,7 +43,11 @@ def test_a_cell_runs_fedavg_with_its_attack_and_defence_and_resumes(robustness, 
     assert sets["federation.rounds"] == "5" and "data.server_fraction" not in sets
     clean = sets_of(robustness.cell_command("none", "fltrust", "iid", 7, args))
     assert yaml.safe_load(clean["plugins"]) == ["fedavg", "fltrust"]
-    assert round(float(clean["data.server_fraction"]) * 60000) == 100  # FLTrust's root set
+    # FLTrust's root set: 100 of the images the cell keeps (10,000 under --quick), not of 60,000
+    assert round(float(clean["data.server_fraction"]) * 10000) == 100
+    full = robustness.parse(["--out", str(tmp_path / "runs"), "--root", "fm"])
+    root = sets_of(robustness.cell_command("none", "fltrust", "iid", 7, full))
+    assert round(float(root["data.server_fraction"]) * 60000) == 100
     out = robustness.cell_out("alie", "krum", "dirichlet-0.5", 7, args)
     out.mkdir(parents=True)
     (out / "recipe.yaml").write_text("{}")
