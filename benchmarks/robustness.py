@@ -65,7 +65,7 @@ DEFENCES: dict[str, dict | None] = {
 }
 """Each defence's options (``None``: FedAvg's weighted mean). Krum is Multi-Krum with
 m = n − f. Bulyan assumes f = 1: its bound n ≥ 4f + 3 rules out f = 2 with 10 clients, so
-it is run below the attack's real strength and the table marks it."""
+it is run below the attack's real strength, as the README's table says."""
 FLTRUST_ROOT = 100
 """FLTrust's root data set, taken from the training images as the server's split: 100
 images, the paper's default size (Cao et al., NDSS 2021)."""
