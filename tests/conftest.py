@@ -11,6 +11,7 @@ SuperLink and its nodes in one process."""
 from __future__ import annotations
 
 import colorsys
+import importlib
 import json
 import os
 import re
@@ -43,9 +44,10 @@ os.environ["FEDKIT_REPORT"] = "0"
 os.environ.setdefault("FEDKIT_CACHE_DIR", tempfile.mkdtemp(prefix="fedkit-test-cache-"))
 # Ray starts its worker processes at nice 15 (the raylet's worker_niceness). Beside the
 # suite's other processes at nice 0 on 2 cores, they then get a few percent of a core, and a
-# Ray test that takes 8 s alone takes minutes. At 0 they get their fair share. Every Ray the
-# tests start, in process or in a subprocess (the CLI, Flower's simulation, a foreign
-# head), inherits this. The numbers a run gives do not depend on it.
+# Ray test that takes 8 s alone takes minutes. At 0 they get their fair share. A Ray that
+# fedkit starts for a run asks for 0 itself (decision 0028); this covers the Rays the tests
+# start directly (the shared cluster, a foreign head), in process or in a subprocess. The
+# numbers a run gives do not depend on it.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 # The files that take minutes, longest first (`make test` prints the slowest tests). The
@@ -526,6 +528,19 @@ def kill_after_checkpoint(path, out, round: int) -> int:
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     return checkpoint_round(out)
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def benchmark_script(name: str) -> Any:
+    """The module of ``benchmarks/NAME.py`` (a script folder, not a package), imported
+    without leaving benchmarks/ on ``sys.path``."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
 
 
 def free_port() -> int:

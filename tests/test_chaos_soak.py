@@ -9,16 +9,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
-from conftest import assert_all_end, raylet_driver
+from conftest import assert_all_end, benchmark_script, raylet_driver
 
 from fedkit.config.schema import validate
 from fedkit.core import runs
 from fedkit.core.ray_reaper import _psutil, is_ray, kill
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def test_ray_processes_are_recognised_by_their_command_line():
@@ -161,11 +158,7 @@ def test_chaos_soak_short_ends_identical_with_nothing_left(tmp_path):
     (SIGKILL of a worker, of the driver, a SIGTERM), resumed after each; the 50-round soak
     with more stops is benchmarks/chaos_soak.py."""
     pytest.importorskip("ray", reason="the ray extra is not installed")
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import chaos_soak
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    chaos_soak = benchmark_script("chaos_soak")
     raw = chaos_soak.recipe(5)
     full, soaked = tmp_path / "full", tmp_path / "soaked"
     runs.execute(runs.start(validate(raw), full), full)

@@ -4,23 +4,16 @@ the table shows (the runs themselves take hours and live in benchmarks/)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def niid_bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import niid_bench
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return niid_bench
+    return benchmark_script("niid_bench")
 
 
 def write_run(folder: Path, standardize: bool | None) -> None:

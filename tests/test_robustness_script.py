@@ -5,23 +5,15 @@ themselves take hours and live in benchmarks/)."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def robustness():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import robustness
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return robustness
+    return benchmark_script("robustness")
 
 
 def sets_of(cmd: list[str]) -> dict[str, str]:

@@ -5,16 +5,13 @@ and what they print is checked against the run's partition."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import re
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import shrunk_ssl
-from tutorials import run_tutorial
+from tutorials import run_tutorial, snippet_output
 
 from fedkit.rundir.checkpoint import saved_part
 
@@ -33,11 +30,8 @@ def test_fedca_tutorial_runs_and_its_ledger_shows_the_uploaded_features(tmp_path
     # the base encoder's features are kept by the core in the run's checkpoint
     assert set(saved_part(run, "", "fedca_base", "server")) == {"features"}
 
-    printed = io.StringIO()
-    for block in re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S):
-        with contextlib.redirect_stdout(printed):
-            exec(compile(block, str(PAGE), "exec"), {})
+    printed = snippet_output(PAGE)
     dim = yaml.safe_load((run / "recipe.yaml").read_text())["plugins"][0]["options"]
-    sent = {int(c): int(up) for c, up, _ in (ln.split() for ln in printed.getvalue().splitlines())}
+    sent = {int(c): int(up) for c, up, _ in (ln.split() for ln in printed)}
     partition = json.loads((run / "partition.json").read_text())
     assert sent == {c["client"]: c["n_train"] * dim["projection_dim"] * 4 for c in partition}

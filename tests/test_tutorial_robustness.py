@@ -4,12 +4,10 @@ them as the page says."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 
 import pytest
-from tutorials import TUTORIALS, metrics_rows, run_tutorial, runs_shrunk
+from tutorials import TUTORIALS, metrics_rows, run_tutorial, runs_shrunk, snippet_output
 
 pytestmark = pytest.mark.slow  # executes a tutorial end to end
 
@@ -42,10 +40,5 @@ def test_robustness_tutorial(tmp_path, monkeypatch):
     # the comparison ran on the three runs
     assert [a[0] for a, _ in done] == ["run", "run", "run", "compare"]
     # the page's snippet prints one line per round of the krum run
-    snippet = re.search(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
-    assert snippet, "robustness.md: no ```python block"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(snippet[1], {})  # noqa: S102 - the page's own code, run as a reader would
-    lines = printed.getvalue().splitlines()
+    lines = snippet_output(PAGE)
     assert len(lines) == len(krum) and lines[0].split()[2] == "krum"

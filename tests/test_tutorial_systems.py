@@ -4,14 +4,12 @@ snippet reads the failures as the page says."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import itertools
 import json
 import re
 
 import pytest
-from tutorials import TUTORIALS, metrics_rows, run_tutorial, runs_shrunk
+from tutorials import TUTORIALS, metrics_rows, run_tutorial, runs_shrunk, snippet_output
 
 pytestmark = pytest.mark.slow  # executes a tutorial end to end
 
@@ -50,12 +48,8 @@ def test_systems_tutorial(tmp_path, monkeypatch):
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         assert len(cells) == 4 and all(re.fullmatch(reached, c) for c in cells[1:]), line
     # the page's snippet counts the failures.jsonl kinds of the synchronous run
-    snippet = re.search(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
-    assert snippet, "systems.md: no ```python block"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(snippet[1], {})  # noqa: S102 - the page's own code, run as a reader would
+    printed = snippet_output(PAGE)
     failures = [json.loads(x) for x in (tmp_path / "runs/sync-10/failures.jsonl").open()]
     kinds = {f["error"].split(":")[0] for f in failures}
     assert kinds <= {"deadline", "unavailable"}
-    assert printed.getvalue().strip().startswith("{")
+    assert printed and printed[0].strip().startswith("{")

@@ -5,6 +5,8 @@ tiny ``--set`` overrides so the commands finish in seconds on the digits data.""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -70,3 +72,15 @@ def run_tutorial(
         assert result.exit_code == 0, f"fedkit {' '.join(args)}\n{result.output}"
         done.append((args, result))
     return done
+
+
+def snippet_output(page: Path) -> list[str]:
+    """Run each ```python block of ``page`` in the current directory, as a reader would
+    (in order, each in a fresh namespace), and return the lines they printed."""
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert blocks, f"{page.name}: no ```python block"
+    printed = io.StringIO()
+    for block in blocks:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(block, str(page), "exec"), {})  # noqa: S102 - the page's own code
+    return printed.getvalue().splitlines()
