@@ -53,6 +53,7 @@ from fedkit import (
     run_loop,
     supervised_objective,
 )
+from fedkit_plugins._keys import option_key
 
 # --------------------------------------------------------------------------- arithmetic
 # Each function takes the updates as an n×d float64 matrix, one row per client in
@@ -258,19 +259,13 @@ class Defence:
         """The least cohort this defence works with, and the bound in words (None: any)."""
         return None
 
-    def option_key(self, server: Server) -> str:
-        """``plugins.N.<name>``: where this defence's options are in the recipe."""
-        names = [spec.name for spec in server.recipe.plugins]
-        at = names.index(self.name) if self.name in names else None
-        return f"plugins.{at}.{self.name}" if at is not None else f"plugins.{self.name}"
-
     def check(self, server: Server, n: int, where: str) -> None:
         """Refuse a cohort of ``n`` below the bound, naming the plugin, f, n and the bound."""
         bound = self.bound()
         if bound is not None and n < bound[0]:
             f = getattr(self.options, "f", None)
             raise RecipeError(
-                f"{self.option_key(server)}.f",
+                f"{option_key(server, self.name)}.f",
                 f"{bound[1]} for {self.name} with f = {f}, but {where} has n = {n}",
                 f,
                 hint=" (assume fewer Byzantine clients, or sample more clients per round)",

@@ -34,6 +34,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor
 
 from fedkit import ClientContext, PluginOptions, RecipeError, Server, Upload, derive, hookimpl
+from fedkit_plugins._keys import option_key
 from fedkit_plugins._privacy import RDP_ORDERS, epsilon
 from fedkit_plugins._privacy import calibrated_noise as shared_calibration
 
@@ -185,7 +186,7 @@ class DP:
                     )
                 except ValueError:  # opacus: "the privacy budget is too low" (σ > 1e6)
                     raise RecipeError(
-                        f"{option_key(server)}.target_epsilon",
+                        f"{option_key(server, 'dp')}.target_epsilon",
                         f"a budget a noise multiplier up to 1e6 meets in {rounds} rounds",
                         o.target_epsilon,
                     ) from None
@@ -194,7 +195,7 @@ class DP:
         if first is not None:
             reached = accountant_epsilon(self.sigma, q, rounds, o.delta, o.accountant)
             raise RecipeError(
-                f"{option_key(server)}.target_epsilon",
+                f"{option_key(server, 'dp')}.target_epsilon",
                 f"a budget the run keeps to: with noise_multiplier {self.sigma:g}, q = {q:g} "
                 f"and δ = {o.delta:g}, the {o.accountant} accountant gives ε = {reached:.4g} "
                 f"after {rounds} rounds, over the target from round {first}",
@@ -240,9 +241,3 @@ class DP:
 def sample_rate(server: Server) -> float:
     """q: the fraction of clients sampled each round."""
     return server.recipe.federation.clients_per_round / server.recipe.data.num_clients
-
-
-def option_key(server: Server) -> str:
-    """``plugins.N.dp``: where this plugin's options are in the recipe."""
-    names = [spec.name for spec in server.recipe.plugins]
-    return f"plugins.{names.index('dp')}.dp" if "dp" in names else "plugins.dp"

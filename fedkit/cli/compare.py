@@ -29,7 +29,15 @@ from typing import Any
 import yaml
 from rich.table import Table
 
-from fedkit.cli.report import ACCURACY, RunData, evaluation_label, figure, page, pyplot
+from fedkit.cli.report import (
+    ACCURACY,
+    RunData,
+    evaluation_label,
+    figure,
+    is_number,
+    page,
+    pyplot,
+)
 from fedkit.errors import FedkitError
 from fedkit.rundir.atomic import write_bytes, write_text
 
@@ -62,18 +70,6 @@ def summarise(data: RunData) -> dict[str, Any]:
     return line
 
 
-def is_number(value: Any) -> bool:
-    """A finite int or float (not a bool): what a curve can plot."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def along(data: RunData, key: str, x: str) -> tuple[list[float], list[float], list[int]]:
-    """A curve against ``x`` (``round`` or ``virtual_time``): the x values, the metric's
-    values and their rounds, over the rows that have both."""
-    rows = [r for r in data.rows if is_number(r.get(key)) and is_number(r.get(x))]
-    return [r[x] for r in rows], [r[key] for r in rows], [r["round"] for r in rows]
-
-
 def need_axis(runs: list[RunData], x: str) -> None:
     """Refuse an axis some run lacks, naming the run."""
     if x not in AXES:
@@ -89,7 +85,7 @@ def need_axis(runs: list[RunData], x: str) -> None:
 
 def reached(data: RunData, key: str, target: float, x: str) -> tuple[float, int] | None:
     """Where a run first reaches ``target`` on ``key`` (its x value and round), if it does."""
-    for at, value, round_ in zip(*along(data, key, x), strict=True):
+    for at, value, round_ in zip(*data.along(key, x), strict=True):
         if value >= target:
             return at, round_
     return None
@@ -277,7 +273,7 @@ def compare_runs(
             )
         cells += [f"{line['MB']:.1f}", "–" if line["seconds"] is None else f"{line['seconds']:.0f}"]
         if virtual:
-            cells.append(f"{along(data, 'round', x)[0][-1]:.1f}")
+            cells.append(f"{data.along('round', x)[0][-1]:.1f}")
         cells.append("; ".join(f"{k}={recipe.get(k, '–')}" for k in differ) or "–")
         if evaluated:
             cells.append(latest_evaluations(data))
@@ -288,7 +284,7 @@ def compare_runs(
     for key in keys:
         fig, ax = plt.subplots(figsize=(7, 3.4))
         for index, data in enumerate(runs):  # a run's colour is its place in the list
-            xs, values, _ = along(data, key, x)
+            xs, values, _ = data.along(key, x)
             if values:
                 ax.plot(
                     xs, values, marker="o", markersize=3, label=data.out.name,

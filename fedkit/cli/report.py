@@ -102,10 +102,16 @@ class RunData:
         pairs = [(r["round"], r[key]) for r in self.rows if isinstance(r.get(key), (int, float))]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
+    def along(self, key: str, x: str) -> tuple[list[float], list[float], list[int]]:
+        """A curve of ``key`` against ``x`` (``round`` or ``virtual_time``): the x values,
+        the metric's values and their rounds, over the rows that have both as numbers."""
+        rows = [r for r in self.rows if is_number(r.get(key)) and is_number(r.get(x))]
+        return [r[x] for r in rows], [r[key] for r in rows], [r["round"] for r in rows]
+
     def keys(self, test: Callable[[str], bool]) -> list[str]:
         found: dict[str, None] = {}
         for row in self.rows:
-            found.update({k: None for k, v in row.items() if test(k) and _number(v)})
+            found.update({k: None for k, v in row.items() if test(k) and is_number(v)})
         return list(found)
 
 
@@ -123,7 +129,8 @@ def json_file(path: Path, kind: type, missing: Any) -> Any:
     return value
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool): what a curve can plot."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -337,16 +344,12 @@ def client_values_plot(plt: Any, data: RunData) -> Any:
 def virtual_time_plot(plt: Any, data: RunData) -> Any:
     """Accuracy against the virtual clock's time (``systems:``), for runs that have one."""
     keys = data.keys(is_accuracy)
-    if not keys or not any(_number(r.get("virtual_time")) for r in data.rows):
+    if not keys or not any(is_number(r.get("virtual_time")) for r in data.rows):
         return None
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for key in keys:
-        pairs = [
-            (r["virtual_time"], r[key])
-            for r in data.rows
-            if _number(r.get("virtual_time")) and _number(r.get(key))
-        ]
-        ax.plot(*zip(*pairs, strict=True), marker="o", markersize=3, label=key)
+        times, values, _ = data.along(key, "virtual_time")
+        ax.plot(times, values, marker="o", markersize=3, label=key)
     ax.set(xlabel="virtual seconds", ylabel="accuracy", title="Accuracy against virtual time")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
@@ -405,7 +408,7 @@ def curves(data: RunData) -> dict[str, list[float]]:
         for key, value in row.items():
             if key in SHOWN_ELSEWHERE:
                 continue
-            if isinstance(value, list) and value and all(_number(v) for v in value):
+            if isinstance(value, list) and value and all(is_number(v) for v in value):
                 found[f"{key} (round {row['round']})"] = [float(v) for v in value]
     return found
 
@@ -431,7 +434,9 @@ def round_times(data: RunData) -> dict[int, dict[str, float]]:
     for row in data.times:
         if isinstance(row.get("round"), int):
             found[row["round"]] = {
-                k: float(row[k]) for k in ("train", "aggregate", "evaluate") if _number(row.get(k))
+                k: float(row[k])
+                for k in ("train", "aggregate", "evaluate")
+                if is_number(row.get(k))
             }
     return dict(sorted(found.items()))
 
@@ -490,7 +495,7 @@ def privacy_levels(data: RunData) -> dict[str, list[tuple[int, dict[str, Any]]]]
     found: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for row in data.rows:
         for level, booked in (row.get("privacy") or {}).items():
-            if isinstance(booked, dict) and _number(booked.get("epsilon")):
+            if isinstance(booked, dict) and is_number(booked.get("epsilon")):
                 found.setdefault(str(level), []).append((row["round"], booked))
     names = {
         k for c in data.clients for v in c.get("per_client", {}).values() for k in v
@@ -500,7 +505,7 @@ def privacy_levels(data: RunData) -> dict[str, list[tuple[int, dict[str, Any]]]]
         what = "" if len(names) == 1 else f" {name}"
         for row in data.clients:
             eps = [float(v[name]) for v in row.get("per_client", {}).values()
-                   if _number(v.get(name))]  # fmt: skip
+                   if is_number(v.get(name))]  # fmt: skip
             for stat, value in (("max", max), ("mean", statistics.fmean)):
                 if eps:
                     level = f"sample{what} (per client, {stat})"
@@ -613,7 +618,7 @@ def evaluations_html(data: RunData) -> str:
             ", ".join(
                 f"{k} {_fmt(v)}"
                 for k, v in r.items()
-                if _number(v) and k not in ("round", "client")
+                if is_number(v) and k not in ("round", "client")
             )
         )
         + f"</td><td>{html.escape(str(r.get('when', '')))}</td></tr>"
@@ -650,7 +655,7 @@ def protocol_cost(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _mb(value: Any) -> str:
-    return f"{value / 2**20:.2f}" if _number(value) else "–"
+    return f"{value / 2**20:.2f}" if is_number(value) else "–"
 
 
 SEEN = {"sum": "only the sum", "each": "each upload"}
@@ -775,7 +780,7 @@ def page(title: str, body: str) -> str:
 def render_html(data: RunData, images: dict[str, bytes]) -> str:
     """The report page: summary tables, every plot inlined, the recipe, failures."""
     final = data.rows[-1] if data.rows else {}
-    summary = [(k, _fmt(v)) for k, v in final.items() if _number(v) or isinstance(v, str)]
+    summary = [(k, _fmt(v)) for k, v in final.items() if is_number(v) or isinstance(v, str)]
     totals = data.summary.get("bytes", {})
     sections = [
         f"<h1>fedkit run report</h1><p>{html.escape(str(data.out))}</p>",
