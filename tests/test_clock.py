@@ -4,12 +4,16 @@ run from the same seed, and a resumed run identical to an uninterrupted one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from conftest import prepared
 
 from fedkit.cli.report import RunData, pyplot, virtual_time_plot
 from fedkit.config.schema import validate
 from fedkit.core.clock import Clock, Device, mbps
+from fedkit.core.engine import run_round
 from fedkit.core.messages import ClientResult
 from fedkit.core.runs import execute, resume, run
 from fedkit.errors import RecipeError
@@ -165,3 +169,22 @@ def test_a_resumed_run_times_and_samples_as_an_uninterrupted_one(tmp_path):
     assert read_metrics(tmp_path / "r") == [split_row(r)[0] for r in whole.rows]
     figure = virtual_time_plot(pyplot(), RunData(tmp_path / "r"))  # the report's plot
     assert list(figure.axes[0].lines[0].get_xdata()) == times
+
+
+def test_a_reply_naming_a_cluster_that_does_not_exist_is_refused_before_the_clock_times_it():
+    """The clock prices a reply by the clusters it says it fetched: a reply naming one
+    the pool lacks is refused where it arrives, not an IndexError that ends the round."""
+    raw = tiny_recipe(systems={"deadline": 10**6}, evaluation={"protocol": "none"})
+    run = prepared(raw)
+    honest = run.executor.run
+
+    def forged(jobs):
+        for result in honest(jobs):
+            yield dataclasses.replace(result, fetched=[7]) if result.client == 0 else result
+
+    run.executor.run = forged
+    try:
+        row = run_round(run, 1)
+    finally:
+        run.close()
+    assert 0 in row["clients"] and row["failures"]["0"].startswith("refused: fetched")

@@ -367,7 +367,9 @@ def annotate(
 def sync_replies(
     run: Run, round: int, reporter: Reporter
 ) -> tuple[list[int], Iterable[ClientResult]]:
-    """A synchronous round's sampled clients and replies (settled by the clock, if on)."""
+    """A synchronous round's sampled clients and replies, each checked as it arrives
+    (``reply_checks``: a refused one becomes a failed one) and then settled by the clock,
+    if on, which times them by the clusters they name."""
     server, record = run.server, run.record
     sampled = checked_sample(run, run.plugins.call("sample_clients", server=server, round=round))
     record.sampled = record.row["clients"] = sampled
@@ -375,7 +377,10 @@ def sync_replies(
     away: list[ClientResult] = []
     if run.clock is not None:  # a sampler plugin's answer may name clients not reachable
         sampled, away = run.clock.reachable(sampled)
-    replies: Iterable[ClientResult] = run.executor.run(jobs(run, sampled))
+    replies: Iterable[ClientResult] = (
+        reply_checks.checked(reply, run.expected, server)
+        for reply in run.executor.run(jobs(run, sampled))
+    )
     if run.clock is not None:
         replies = run.clock.settle(server, list(replies), away)
     return sampled, replies
@@ -477,15 +482,14 @@ def checked_sample(run: Run, sampled: list[int] | None) -> list[int]:
 
 
 def receive(run: Run, result: ClientResult) -> ClientResult:
-    """Check a client's result (``reply_checks``: a refused one becomes a failed one),
-    then book it: the clusters it fetched, its upload and reported values, its reported
-    identity (a failed client's downloads only), and secure aggregation's messages to and
-    from it (its upload, when summed, among them). Returns the result as accepted."""
+    """Book a checked result (``reply_checks``, where it arrived): the clusters it
+    fetched, its upload and reported values, its reported identity (a failed client's
+    downloads only), and secure aggregation's messages to and from it (its upload, when
+    summed, among them; booked whatever the checks decided). Returns it."""
     server, summed = run.server, result.secagg
     ledger = server.ledger
-    if summed is not None:  # the protocol's messages crossed, whatever the checks decide
+    if summed is not None:
         ledger.record_protocol(server.round, result.client, summed["down"], summed["up"])
-    result = reply_checks.checked(result, run.expected, server)
     for cluster in result.fetched:
         ledger.record(server.round, result.client, "down", server.pool[cluster])
     if result.failure is not None:

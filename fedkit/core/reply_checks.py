@@ -168,7 +168,8 @@ def refusal(result: ClientResult, expected: Expected, server: Server) -> str | N
 
 def checked(result: ClientResult, expected: Expected, server: Server) -> ClientResult:
     """The reply as accepted, or a failed one of kind ``refused`` (keeping the clusters it
-    fetched when they are valid, so the ledger books what was sent to it)."""
+    fetched when they are valid, so the ledger books what was sent to it, and the bytes
+    secure aggregation's messages moved, ``secagg``, which the server itself counted)."""
     clusters = len(server.pool)
     fetched = result.fetched if isinstance(result.fetched, list) else []
     valid = list(dict.fromkeys(c for c in fetched if _index(c, clusters)))
@@ -177,12 +178,12 @@ def checked(result: ClientResult, expected: Expected, server: Server) -> ClientR
             result.client, str(result.failure)[:KIND_LENGTH], str(result.error)[:ERROR_LENGTH],
             valid,
         )  # fmt: skip
-        return replace(failed, retried=str(result.retried)[:ERROR_LENGTH])
+        return replace(failed, retried=str(result.retried)[:ERROR_LENGTH], secagg=result.secagg)
     reason = refusal(result, expected, server)
     if reason is None:
         return result
     refused = ClientResult.failed(result.client, REFUSED, reason, valid)
-    return replace(refused, retried=result.retried)
+    return replace(refused, retried=result.retried, secagg=result.secagg)
 
 
 def checked_scores(result: EvalResult) -> EvalResult:
