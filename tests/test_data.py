@@ -236,7 +236,7 @@ def test_partition_summary_renders_and_saves(federated, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["partition.json"]
 
 
-def test_local_test_sets_draw_the_same_from_labels_or_their_class_members():
+def test_local_test_sets_draw_from_class_members_as_from_a_scan_of_the_labels():
     rng = np.random.default_rng(0)
     test = rng.integers(0, 6, 300)
     members = fed.class_members(test)
@@ -245,7 +245,8 @@ def test_local_test_sets_draw_the_same_from_labels_or_their_class_members():
         assert np.array_equal(where, np.flatnonzero(test == c))
     clients = [rng.integers(0, 8, n) for n in (0, 1, 7, 40)]  # classes 6, 7: none in test
     a, b = np.random.default_rng(1), np.random.default_rng(1)
-    drawn = [fed.local_test_indices(c, test, 20, a) for c in clients]
+    scanned = {int(c): np.flatnonzero(test == c) for c in np.unique(test)}
+    drawn = [fed.local_test_indices(c, scanned, 20, a) for c in clients]
     assert all(
         np.array_equal(x, fed.local_test_indices(c, members, 20, b))
         for x, c in zip(drawn, clients, strict=True)

@@ -186,25 +186,23 @@ def stratified_sample(labels: np.ndarray, n: int, rng: np.random.Generator) -> n
 
 def local_test_indices(
     client_labels: np.ndarray,
-    test_labels: np.ndarray | Mapping[int, np.ndarray],
+    test_members: Mapping[int, np.ndarray],
     size: int,
     rng: np.random.Generator,
 ) -> np.ndarray:
-    """``size`` test indices whose class mix follows the client's train labels.
+    """``size`` test indices whose class mix follows the client's train labels, drawn
+    from the test set's ``class_members`` (computed once for every client).
 
     Drawn without replacement within the client; a class with fewer test images than its
-    share gives all it has, so the set can come out smaller than ``size``. ``test_labels``
-    may be ``class_members(test_labels)``, computed once for many clients (the same draws).
+    share gives all it has, so the set can come out smaller than ``size``.
     """
     classes, counts = np.unique(client_labels, return_counts=True)
     if len(classes) == 0:
         return np.empty(0, np.int64)
-    if not isinstance(test_labels, Mapping):
-        test_labels = class_members(test_labels)
     quotas = _allocate(counts / counts.sum(), size)
     picked = []
     for c, quota in zip(classes, quotas, strict=True):
-        members = test_labels.get(int(c), EMPTY)
+        members = test_members.get(int(c), EMPTY)
         picked.append(rng.choice(members, size=min(int(quota), len(members)), replace=False))
     return np.sort(np.concatenate(picked).astype(np.int64))
 

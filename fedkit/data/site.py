@@ -21,7 +21,7 @@ import torch
 
 from fedkit.config.schema import DataConfig
 from fedkit.data.datasets import ImageSet, Triple, load_imagefolder
-from fedkit.data.federated import ClientData, local_test_indices
+from fedkit.data.federated import ClientData, class_members, local_test_indices
 from fedkit.errors import RecipeError
 from fedkit.seeding import derive
 
@@ -46,7 +46,8 @@ def load_site(
         return ClientData(client, train, test)
     rng = np.random.default_rng(derive(seed, "site-test", client))
     labels = train.labels.numpy()
-    held = local_test_indices(labels, labels, min(cfg.local_test_size, len(labels) // 2), rng)
+    size = min(cfg.local_test_size, len(labels) // 2)
+    held = local_test_indices(labels, class_members(labels), size, rng)
     kept = np.setdiff1d(np.arange(len(labels)), held)
     return ClientData(client, train.subset(kept), train.subset(held))
 

@@ -140,13 +140,16 @@ class Registry(Generic[T]):
 @dataclass
 class Registries:
     """Everything the registry hooks added, one ``Registry`` per kind, and the hooks that
-    raised (``failures``, also on each kind's ``Registry``)."""
+    raised (each kind's ``failed``; all of them, in hook order: ``failures``)."""
 
     datasets: Registry[Any]
     partitioners: Registry[Any]
     executors: Registry[Any]
     stores: Registry[Any]
-    failures: list[HookFailure] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[HookFailure]:
+        return [failure for kind in self.kinds().values() for failure in kind.failed]
 
     def kinds(self) -> dict[str, Registry[Any]]:
         return {
@@ -226,7 +229,6 @@ def collect(plugins: dict[str, Any], packages: dict[str, str] | None = None) -> 
                 failure = HookFailure(
                     name, (packages or {}).get(name, ""), hook, f"{type(exc).__name__}: {exc}"
                 )
-                found.failures.append(failure)
                 kind.failed.append(failure)
                 warnings.warn(
                     f"{failure}; recipes that name what it registers cannot run",
