@@ -53,6 +53,7 @@ from fedkit.core.messages import ClientJob, ClientResult, ClientSetup, EvalJob, 
 from fedkit.core.setup_data import describe
 from fedkit.errors import FedkitError, RecipeError
 from fedkit.flower import secagg
+from fedkit.flower.exchange import pull, push
 from fedkit.flower.internals import error_kind
 from fedkit.flower.node import ROUND_OF_FILE, TEMPLATE, NodeNotSetUp
 from fedkit.flower.records import (
@@ -71,9 +72,6 @@ from fedkit.plugin.registry import installed
 
 AUDIT = "FEDKIT_FLOWER_AUDIT"
 """The environment variable naming the file that records what the server receives."""
-
-POLL = 0.05
-"""Seconds between pulls of replies from the SuperLink."""
 
 SETUP_WAIT = 600.0
 """Seconds nodes have to set up their clients, when ``federation.client_timeout`` is not
@@ -138,37 +136,6 @@ class FlowerExecutor:
         self.nodes = self._setup()
         self.client_of = {node: cid for cid, node in self.nodes.items()}
 
-    def _push(self, messages: list[Any], owners: list[int]) -> tuple[dict[str, int], list[int]]:
-        """Push the messages: the id of each one the SuperLink took, mapped to its owner
-        (a client, or a node id), and the owners of those it refused (Flower answers an
-        id per message, in order, empty for a refused one)."""
-        if not messages:
-            return {}, []
-        ids = list(self.grid.push_messages(messages))
-        if len(ids) != len(messages):  # a grid that leaves refused ones out
-            taken = set(ids)
-            ids = [m.metadata.message_id for m in messages]
-            ids = [mid if mid in taken else "" for mid in ids]
-        waiting = {mid: owner for mid, owner in zip(ids, owners, strict=True) if mid}
-        return waiting, [owner for mid, owner in zip(ids, owners, strict=True) if not mid]
-
-    def _pull(
-        self, waiting: dict[str, int], timeout: float | None, enough: Any = lambda: False
-    ) -> Iterator[tuple[int, Any]]:
-        """(owner, reply) for each reply to a message in ``waiting`` (which it empties as
-        they come), pulling every ``POLL`` seconds until all came, ``timeout`` passed or
-        ``enough()``; each reply is matched to the message it answers, whoever sent it
-        (Flower's own ``send_and_receive`` waits 3 s between pulls)."""
-        end = None if timeout is None else time.monotonic() + timeout
-        while waiting:
-            for reply in self.grid.pull_messages(list(waiting)):
-                owner = waiting.pop(reply.metadata.reply_to_message_id, None)
-                if owner is not None:
-                    yield owner, reply
-            if not waiting or enough() or (end is not None and time.monotonic() >= end):
-                return
-            time.sleep(POLL)
-
     def _send(
         self, kind: str, contents: dict[int, Any], timeout: float | None = None
     ) -> tuple[dict[int, Any], dict[int, Failure]]:
@@ -185,11 +152,11 @@ class FlowerExecutor:
             sent.append(Message(content, dst_node_id=self.nodes[cid], message_type=kind))
             owners.append(cid)
         self.messages += len(sent)
-        waiting, refused = self._push(sent, owners)
+        waiting, refused = push(self.grid, sent, owners)
         for cid in refused:
             failed[cid] = ("unavailable", "the SuperLink did not take the message for its node")
         replies = {}
-        for cid, reply in self._pull(waiting, timeout):
+        for cid, reply in pull(self.grid, waiting, timeout):
             if reply.has_error():
                 failed[cid] = self._failure(cid, reply.error)
                 continue
@@ -264,7 +231,7 @@ class FlowerExecutor:
         unless ``everyone``, until every client is found): ``_collect``'s answer."""
         self.wire["down"] += wire_bytes(self.setup_message) * len(nodes)
         messages = [self._message(self.setup_message, node) for node in nodes]
-        self.joining.update(self._push(messages, nodes)[0])
+        self.joining.update(push(self.grid, messages, nodes)[0])
         asked = set(nodes)
         if everyone:
             return self._collect(wait, lambda found: not asked & set(self.joining.values()))
@@ -277,7 +244,7 @@ class FlowerExecutor:
         ``idle``; one that is gone is dropped; one yet to answer stays ``joining``."""
         found: dict[int, int] = {}
         refusals: list[str] = []
-        for node, reply in self._pull(self.joining, wait, lambda: enough(found)):
+        for node, reply in pull(self.grid, self.joining, wait, lambda: enough(found)):
             if reply.has_error():
                 if error_kind(reply.error.code)[0] != "unavailable":
                     refusals.append(str(reply.error.reason))

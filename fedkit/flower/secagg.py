@@ -29,7 +29,6 @@ summed client's masked upload among them (docs/decisions/0029).
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +46,7 @@ from fedkit.config.schema import SecureAggregationConfig
 from fedkit.core.messages import ClientSetup
 from fedkit.core.setup_data import dtype_named
 from fedkit.errors import RecipeError
+from fedkit.flower.exchange import pull, push
 from fedkit.flower.records import LAYOUT, UPLOAD, get_meta, get_state, put_meta
 from fedkit.plugin.entrypoints import discover
 from fedkit.plugin.registry import implemented_hooks, loaded_plugins
@@ -78,9 +78,6 @@ HELD = "fedkit.secagg.held"
 INTEGER_SLACK = 1e-4
 """Added to an integer key's mean before it is floored (as the core's mean floors it), so
 that quantisation's error below an exact integer does not drop it by one."""
-
-POLL = 0.05
-"""Seconds between pulls while a protocol stage waits for its replies."""
 
 
 def weighting(setup: ClientSetup) -> str:
@@ -251,8 +248,9 @@ class Traffic:
 
 
 class CountingGrid:
-    """The run's grid with the ``send_and_receive`` the workflow calls: it pushes, pulls
-    every ``POLL`` s (Flower's own waits 3 s) and counts what crosses."""
+    """The run's grid with the ``send_and_receive`` the workflow calls: it sends and
+    collects as the executor does (``fedkit.flower.exchange``: pulls every ``POLL`` s, where
+    Flower's own waits 3 s) and counts what crosses, per node."""
 
     def __init__(self, grid: Any, traffic: Traffic) -> None:
         self.grid, self.traffic = grid, traffic
@@ -261,27 +259,17 @@ class CountingGrid:
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> list[Message]:
         messages = list(messages)
-        for m in messages:
-            self.traffic.add(m.metadata.dst_node_id, down=content_bytes(m.content))
+        nodes = [m.metadata.dst_node_id for m in messages]
+        for node, m in zip(nodes, messages, strict=True):
+            self.traffic.add(node, down=content_bytes(m.content))
         self.traffic.messages += len(messages)
-        waiting = {mid for mid in self.grid.push_messages(messages) if mid}
-        node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}  # set by push
-        end = None if timeout is None else time.monotonic() + timeout
+        waiting, _ = push(self.grid, messages, nodes)
         replies: list[Message] = []
-        while waiting:
-            for reply in self.grid.pull_messages(list(waiting)):
-                answered = reply.metadata.reply_to_message_id
-                if answered in waiting:
-                    waiting.discard(answered)
-                    replies.append(reply)
-                    self.traffic.messages += 1
-                    if not reply.has_error():
-                        node = node_of.get(answered, reply.metadata.src_node_id)
-                        self.traffic.add(node, up=content_bytes(reply.content))
-            if waiting and end is not None and time.monotonic() >= end:
-                break
-            if waiting:
-                time.sleep(POLL)
+        for node, reply in pull(self.grid, waiting, timeout):
+            replies.append(reply)
+            self.traffic.messages += 1
+            if not reply.has_error():
+                self.traffic.add(node, up=content_bytes(reply.content))
         return replies
 
 
