@@ -150,19 +150,8 @@ class Flight:
         if result.failure is not None:
             job = Job(result.client, server.round, start, start, result, delta)
         else:
-            seconds = clock.job_seconds(server, result, sizes)
-            leaves = clock.availability.until(result.client, start)
-            deadline = clock.cfg.deadline
-            if deadline is not None and seconds > deadline:
-                text = f"its job takes {seconds:.1f} virtual seconds, past systems.deadline"
-                failed = ClientResult.failed(result.client, "deadline", f"{text} ({deadline:g} s)")
-                end = start + deadline
-            elif leaves is None or start + seconds > leaves:
-                end = start if leaves is None else leaves
-                text = f"left at virtual time {end:.1f}s, {seconds:.1f}s into its job"
-                failed = ClientResult.failed(result.client, "unavailable", text)
-            else:
-                failed, end = None, start + seconds
+            failed, end = clock.fate(result, start, clock.job_seconds(server, result, sizes))
+            if failed is None:
                 base = server.pool[result.cluster]
                 delta = {k: v - base[k] for k, v in result.upload.items() if k in base}
             job = Job(result.client, server.round, start, end, failed or result, delta)

@@ -196,6 +196,26 @@ class Clock:
         up += sum(value_bytes(k, v) for k, v in result.metrics.items())
         return self.device(result.client).duration(down, result.weight * self.epochs, up)
 
+    def fate(
+        self, result: ClientResult, start: float, seconds: float
+    ) -> tuple[ClientResult | None, float]:
+        """A successful reply to a job of ``seconds`` begun at virtual time ``start``: the
+        failure the clock turns it into (``deadline``: past ``systems.deadline``;
+        ``unavailable``: its client left first), or ``None``, and when the job ended."""
+        deadline = self.cfg.deadline
+        if deadline is not None and seconds > deadline:
+            text = f"its job takes {seconds:.1f} virtual seconds, past systems.deadline"
+            text += f" ({deadline:g} s)"
+            return ClientResult.failed(result.client, "deadline", text, result.fetched), (
+                start + deadline
+            )
+        leaves = self.availability.until(result.client, start)
+        if leaves is None or start + seconds > leaves:
+            at = start if leaves is None else leaves
+            text = f"left at virtual time {at:.1f}s, {seconds:.1f}s into its job"
+            return ClientResult.failed(result.client, "unavailable", text, result.fetched), at
+        return None, start + seconds
+
     def settle(
         self, server: Server, results: list[ClientResult], away: Sequence[ClientResult] = ()
     ) -> list[ClientResult]:
@@ -214,17 +234,11 @@ class Clock:
         out = sorted([*failed, *away], key=lambda r: r.client)
         kept, ends = 0, [0.0]
         for seconds, r in timed:
-            leaves = self.availability.until(r.client, start)
-            left = leaves is None or start + seconds > leaves
-            if deadline is not None and seconds > deadline:
-                text = f"its job takes {seconds:.1f} virtual seconds, past systems.deadline"
-                text += f" ({deadline:g} s)"
-                out.append(ClientResult.failed(r.client, "deadline", text, r.fetched))
-            elif left:
-                at = start if leaves is None else leaves
-                ends.append(at - start)
-                text = f"left at virtual time {at:.1f}s, {seconds:.1f}s into its job"
-                out.append(ClientResult.failed(r.client, "unavailable", text, r.fetched))
+            failed, end = self.fate(r, start, seconds)
+            if failed is not None:
+                out.append(failed)
+                if failed.failure == "unavailable":  # the round waited until it left
+                    ends.append(end - start)
             elif kept >= self.k:
                 text = f"finished after the first {self.k} (systems.over_selection)"
                 out.append(ClientResult.failed(r.client, "over-selected", text, r.fetched))
