@@ -18,7 +18,6 @@ candidates one at a time (as ``Clock.sample`` does) and skips clients already in
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,7 +29,7 @@ from fedkit.config.schema import Recipe
 from fedkit.core import reply_checks
 from fedkit.core.clock import Clock
 from fedkit.core.messages import ClientResult
-from fedkit.errors import RecipeError, RoundFailed
+from fedkit.errors import RecipeError
 from fedkit.plugin.manager import Plugins
 from fedkit.plugin.registry import implemented_hooks
 from fedkit.plugin.server import Server, ServerRecord, Upload
@@ -129,15 +128,10 @@ class Flight:
         server waits as ``Clock.sample`` does."""
         n = population if eligible is None else len(eligible)
         rng = np.random.default_rng(derive(self.seed, "sample", round, attempt))
-        spec = self.clock.cfg.availability
-        for _ in range(math.ceil(spec.period / spec.wait) + 1):
-            chosen = self.clock.probe(rng, wanted, n, eligible, busy)
-            if chosen or self.jobs or wanted == 0 or attempt > 0:
-                return sorted(chosen)
-            self.clock.now += spec.wait
-        raise RoundFailed(
-            f"round {round}: no client was reachable for a whole availability period "
-            f"({spec.period:g} virtual seconds; systems.availability)"
+        return self.clock.waiting(
+            round,
+            lambda: self.clock.probe(rng, wanted, n, eligible, busy),
+            lambda chosen: bool(chosen or self.jobs) or wanted == 0 or attempt > 0,
         )
 
     def held(self, run: Run, result: ClientResult, sizes: dict[int, int]) -> Job:

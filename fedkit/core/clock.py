@@ -20,7 +20,7 @@ in checkpoints, so a resumed run samples and times exactly as an uninterrupted o
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -160,10 +160,18 @@ class Clock:
         if self.cfg.availability.model == "always":
             pool = n if eligible is None else np.asarray(eligible)
             return sorted(int(c) for c in rng.choice(pool, size=m, replace=False))
+        return self.waiting(round, lambda: self.probe(rng, m, n, eligible), bool)
+
+    def waiting(
+        self, round: int, draw: Callable[[], list[int]], enough: Callable[[list[int]], bool]
+    ) -> list[int]:
+        """``draw()``'s clients, sorted, once ``enough`` of them: until then the server
+        waits ``availability.wait`` virtual seconds between draws, for at most one
+        availability period (then ``RoundFailed``)."""
         spec = self.cfg.availability
         for _ in range(math.ceil(spec.period / spec.wait) + 1):
-            chosen = self.probe(rng, m, n, eligible)
-            if chosen:
+            chosen = draw()
+            if enough(chosen):
                 return sorted(chosen)
             self.now += spec.wait
         raise RoundFailed(
